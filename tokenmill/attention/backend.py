@@ -1,0 +1,59 @@
+"""Attention backend interface: build metadata from the flat batch once per step, then
+forward(q, k, v, kv_cache, metadata) per layer."""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class BatchLayout:
+    """The flat batch as the runner built it (all int64 CPU tensors unless noted).
+    T tokens over B sequences; sequence b owns tokens query_start_loc[b]:query_start_loc[b+1]."""
+    slot_mapping: torch.Tensor     # [T] where each new token's K/V is written
+    query_start_loc: list[int]     # [B+1]
+    seq_lens: list[int]            # [B] context length after this step (cached + new)
+    block_tables: list[list[int]]  # [B][blocks]
+    block_size: int
+
+
+class KVCacheSpec:
+    """Per-layer K/V storage layout, in blocks. Backends that quantize override the dtype logic."""
+
+    def __init__(self, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int,
+                 dtype: torch.dtype) -> None:
+        self.num_blocks, self.block_size = num_blocks, block_size
+        self.num_kv_heads, self.head_dim, self.dtype = num_kv_heads, head_dim, dtype
+
+    def allocate(self) -> tuple[torch.Tensor, ...]:
+        shape = (self.num_blocks * self.block_size, self.num_kv_heads, self.head_dim)
+        return torch.zeros(shape, dtype=self.dtype), torch.zeros(shape, dtype=self.dtype)
+
+
+class AttentionBackend(ABC):
+    name: str
+
+    @abstractmethod
+    def build_metadata(self, layout: BatchLayout) -> object: ...
+
+    @abstractmethod
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                kv_cache: tuple[torch.Tensor, ...], meta: object, scale: float) -> torch.Tensor:
+        """q: [T, H, D], k/v: [T, Hkv, D] for the new tokens. Writes k/v into kv_cache at the
+        layout's slots, then attends each token to its sequence's cached context (causal).
+        Returns [T, H, D]."""
+
+
+def write_kv(kv_cache: tuple[torch.Tensor, ...], k: torch.Tensor, v: torch.Tensor,
+             slot_mapping: torch.Tensor) -> None:
+    key_cache, value_cache = kv_cache[0], kv_cache[1]
+    key_cache.index_copy_(0, slot_mapping, k.to(key_cache.dtype))
+    value_cache.index_copy_(0, slot_mapping, v.to(value_cache.dtype))
+
+
+def context_slots(block_table: list[int], seq_len: int, block_size: int) -> torch.Tensor:
+    blocks = torch.tensor(block_table[: -(-seq_len // block_size)], dtype=torch.long)
+    slots = (blocks[:, None] * block_size + torch.arange(block_size)).reshape(-1)
+    return slots[:seq_len]

@@ -1,0 +1,84 @@
+"""Paged attention on CPU with PyTorch SDPA, batched over sequences.
+
+Sequences are split into two groups, decodes (1 query token) and prefill chunks (>1), so a long
+chunk does not pad every decode to its length. Within a group, queries and the cached context are
+gathered into padded [B, ...] views by index tensors computed once per step and reused by every
+layer."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from tokenmill.attention.backend import AttentionBackend, BatchLayout, write_kv
+
+
+@dataclass
+class _Group:
+    q_index: torch.Tensor    # [B, Q] flat token index; padding points at row T (a zero row)
+    out_index: torch.Tensor  # [N] flat token index of each real query, in padded order
+    out_valid: torch.Tensor  # [N] position of each real query in the flattened [B*Q] output
+    kv_slots: torch.Tensor   # [B, L] cache slot of each context position (padding: slot 0)
+    mask: torch.Tensor       # [B, 1, Q, L] True where attention is allowed
+
+
+@dataclass
+class TorchPagedMetadata:
+    slot_mapping: torch.Tensor
+    num_tokens: int
+    groups: list[_Group]
+
+
+class TorchPagedBackend(AttentionBackend):
+    name = "torch"
+
+    def build_metadata(self, layout: BatchLayout) -> TorchPagedMetadata:
+        qsl = layout.query_start_loc
+        q_lens = [qsl[b + 1] - qsl[b] for b in range(len(layout.seq_lens))]
+        decode = [b for b, n in enumerate(q_lens) if n == 1]
+        prefill = [b for b, n in enumerate(q_lens) if n > 1]
+        groups = [_build_group(layout, idx, q_lens) for idx in (decode, prefill) if idx]
+        return TorchPagedMetadata(layout.slot_mapping, qsl[-1], groups)
+
+    def forward(self, q, k, v, kv_cache, meta: TorchPagedMetadata, scale: float) -> torch.Tensor:
+        write_kv(kv_cache, k, v, meta.slot_mapping)
+        key_cache, value_cache = kv_cache[0], kv_cache[1]
+        num_heads, head_dim = q.shape[1], q.shape[2]
+        q_pad = torch.cat([q, q.new_zeros(1, num_heads, head_dim)])
+        out = q.new_empty(q.shape)
+        for g in meta.groups:
+            qg = q_pad[g.q_index].transpose(1, 2)                       # [B, H, Q, D]
+            kg = key_cache[g.kv_slots].to(q.dtype).transpose(1, 2)      # [B, Hkv, L, D]
+            vg = value_cache[g.kv_slots].to(q.dtype).transpose(1, 2)
+            og = F.scaled_dot_product_attention(qg, kg, vg, attn_mask=g.mask, scale=scale,
+                                                enable_gqa=True)
+            og = og.transpose(1, 2).reshape(-1, num_heads, head_dim)    # [B*Q, H, D]
+            out.index_copy_(0, g.out_index, og.index_select(0, g.out_valid))
+        return out
+
+
+def _build_group(layout: BatchLayout, seqs: list[int], q_lens: list[int]) -> _Group:
+    bs = layout.block_size
+    max_q = max(q_lens[b] for b in seqs)
+    max_len = max(layout.seq_lens[b] for b in seqs)
+    max_blocks = -(-max_len // bs)
+    num_tokens = layout.query_start_loc[-1]
+    n = len(seqs)
+    starts = torch.tensor([layout.query_start_loc[b] for b in seqs])
+    qlen = torch.tensor([q_lens[b] for b in seqs])
+    seq_len = torch.tensor([layout.seq_lens[b] for b in seqs])
+    qpos = torch.arange(max_q)
+    real_q = qpos[None, :] < qlen[:, None]                                    # [B, Q]
+    q_index = torch.where(real_q, starts[:, None] + qpos[None, :], num_tokens)
+    tables = torch.zeros(n, max_blocks, dtype=torch.long)
+    for i, b in enumerate(seqs):
+        row = layout.block_tables[b][:max_blocks]
+        tables[i, :len(row)] = torch.tensor(row, dtype=torch.long)
+    kv_slots = (tables[:, :, None] * bs + torch.arange(bs)).reshape(n, -1)[:, :max_len]
+    # Absolute position of each query; padded queries sit at 0 so their rows are never empty.
+    abs_pos = torch.where(real_q, seq_len[:, None] - qlen[:, None] + qpos[None, :], 0)
+    mask = torch.arange(max_len)[None, None, :] <= abs_pos[:, :, None]        # [B, Q, L]
+    flat_valid = real_q.reshape(-1).nonzero().squeeze(1)
+    return _Group(q_index=q_index, out_index=q_index.reshape(-1)[flat_valid], out_valid=flat_valid,
+                  kv_slots=kv_slots, mask=mask[:, None])

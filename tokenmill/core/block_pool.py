@@ -1,0 +1,91 @@
+"""KV blocks: reference counts, an LRU free queue, and the content-hash table of cached blocks."""
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+
+@dataclass
+class KVBlock:
+    block_id: int
+    ref_cnt: int = 0
+    block_hash: bytes | None = None  # set once the block is full and cached
+
+
+class BlockPool:
+    """Invariant: a block is in the free queue iff its ref_cnt is 0. A free block may still hold a
+    cached prefix (block_hash set); it is evicted lazily, when allocation takes it."""
+
+    def __init__(self, num_blocks: int, enable_caching: bool = True) -> None:
+        if num_blocks < 1:
+            raise ValueError(f"num_blocks must be >= 1, got {num_blocks}")
+        self.num_blocks = num_blocks
+        self.enable_caching = enable_caching
+        self.blocks = [KVBlock(i) for i in range(num_blocks)]
+        # OrderedDict as an LRU queue: the front is evicted first.
+        self.free_queue: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
+        self.cached: dict[bytes, KVBlock] = {}
+        self.num_evictions = 0
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self.free_queue)
+
+    @property
+    def num_used_blocks(self) -> int:
+        return self.num_blocks - len(self.free_queue)
+
+    def allocate(self, n: int) -> list[KVBlock]:
+        if n > len(self.free_queue):
+            raise RuntimeError(f"cannot allocate {n} blocks, {len(self.free_queue)} free")
+        out = []
+        for _ in range(n):
+            block_id, _ = self.free_queue.popitem(last=False)
+            block = self.blocks[block_id]
+            self._evict(block)
+            block.ref_cnt = 1
+            out.append(block)
+        return out
+
+    def _evict(self, block: KVBlock) -> None:
+        if block.block_hash is not None:
+            if self.cached.get(block.block_hash) is block:
+                del self.cached[block.block_hash]
+            block.block_hash = None
+            self.num_evictions += 1
+
+    def lookup(self, block_hash: bytes) -> KVBlock | None:
+        return self.cached.get(block_hash) if self.enable_caching else None
+
+    def touch(self, blocks: list[KVBlock]) -> None:
+        """Take a reference on cached blocks found by lookup (removing free ones from the queue)."""
+        for block in blocks:
+            if block.ref_cnt == 0:
+                del self.free_queue[block.block_id]
+            block.ref_cnt += 1
+
+    def cache_block(self, block: KVBlock, block_hash: bytes) -> None:
+        if not self.enable_caching or block.block_hash is not None:
+            return
+        if block_hash in self.cached:  # an identical block exists already (computed concurrently)
+            return
+        block.block_hash = block_hash
+        self.cached[block_hash] = block
+
+    def free(self, blocks: list[KVBlock]) -> None:
+        """Drop one reference each. Pass blocks tail-first so a sequence's tail is evicted before its
+        shared head."""
+        for block in blocks:
+            block.ref_cnt -= 1
+            assert block.ref_cnt >= 0, f"block {block.block_id} ref_cnt < 0"
+            if block.ref_cnt == 0:
+                self.free_queue[block.block_id] = None
+
+    def reset_cache(self) -> bool:
+        """Forget all cached hashes; only allowed when no block is in use."""
+        if self.num_used_blocks:
+            return False
+        for block in self.blocks:
+            block.block_hash = None
+        self.cached.clear()
+        return True

@@ -1,0 +1,122 @@
+"""KV cache manager: three calls (find cached prefix, allocate slots, free) over a BlockPool."""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+from tokenmill.core.block_pool import BlockPool, KVBlock
+from tokenmill.request import Request
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def hash_block(parent: bytes | None, tokens: list[int], extra_key: str) -> bytes:
+    """Chained content hash: equal hashes mean equal whole prefixes (sha256, so no practical collisions)."""
+    h = hashlib.sha256(parent or extra_key.encode())
+    h.update(b",".join(str(t).encode() for t in tokens))
+    return h.digest()
+
+
+@dataclass
+class PrefixCacheStats:
+    queries: int = 0  # prompt tokens looked up
+    hits: int = 0     # prompt tokens found cached
+
+
+class KVCacheManager:
+    def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True,
+                 extra_key: str = "", watermark: float = 0.01) -> None:
+        self.block_size = block_size
+        self.pool = BlockPool(num_blocks, enable_caching)
+        self.enable_caching = enable_caching
+        self.extra_key = extra_key  # anything that changes the KV bytes: model, kv dtype
+        self.watermark_blocks = int(watermark * num_blocks)
+        self.req_blocks: dict[str, list[KVBlock]] = {}
+        self.prefix_stats = PrefixCacheStats()
+
+    @property
+    def num_blocks(self) -> int:
+        return self.pool.num_blocks
+
+    def _block_hashes(self, request: Request, num_tokens: int) -> list[bytes]:
+        """Hashes of the full blocks among the first num_tokens tokens, extended incrementally."""
+        hashes = request.block_hashes
+        bs = self.block_size
+        while len(hashes) < num_tokens // bs:
+            i = len(hashes)
+            parent = hashes[-1] if hashes else None
+            hashes.append(hash_block(parent, request.all_token_ids[i * bs:(i + 1) * bs], self.extra_key))
+        return hashes
+
+    # -- call 1 ---------------------------------------------------------------------------------
+    def get_computed_blocks(self, request: Request) -> tuple[list[KVBlock], int]:
+        """Longest cached prefix of full blocks. Leaves at least one token to compute, so there are
+        logits to sample from."""
+        if not self.enable_caching:
+            return [], 0
+        max_blocks = (request.num_tokens - 1) // self.block_size
+        blocks: list[KVBlock] = []
+        for h in self._block_hashes(request, max_blocks * self.block_size)[:max_blocks]:
+            block = self.pool.lookup(h)
+            if block is None:
+                break
+            blocks.append(block)
+        return blocks, len(blocks) * self.block_size
+
+    # -- call 2 ---------------------------------------------------------------------------------
+    def allocate_slots(self, request: Request, num_new_tokens: int,
+                       computed_blocks: list[KVBlock] | None = None, admit: bool = False) -> bool:
+        """Make room for num_new_tokens after the computed ones. `computed_blocks` are cached prefix
+        blocks a waiting request adopts. New admissions keep a watermark of free blocks, so running
+        requests can grow before anyone has to be preempted. Returns False if it does not fit."""
+        computed_blocks = computed_blocks or []
+        owned = self.req_blocks.get(request.request_id, [])
+        num_computed = request.num_computed_tokens + len(computed_blocks) * self.block_size
+        total = num_computed + num_new_tokens
+        needed = cdiv(total, self.block_size) - len(owned) - len(computed_blocks)
+        # Cached blocks with ref 0 sit in the free queue: adopting them uses free capacity too.
+        reviving = sum(1 for b in computed_blocks if b.ref_cnt == 0)
+        reserve = self.watermark_blocks if admit else 0
+        if needed + reviving > self.pool.num_free_blocks - reserve:
+            return False
+        self.pool.touch(computed_blocks)
+        blocks = self.req_blocks.setdefault(request.request_id, owned)
+        blocks.extend(computed_blocks)
+        if needed > 0:
+            blocks.extend(self.pool.allocate(needed))
+        if self.enable_caching:
+            self._cache_full_blocks(request, blocks, total)
+        return True
+
+    def _cache_full_blocks(self, request: Request, blocks: list[KVBlock], num_tokens: int) -> None:
+        # Only tokens of the prompt and already-sampled outputs are known; the KV of blocks filled in
+        # this step is written before any attention reads it, so caching at allocation time is safe.
+        num_full = min(num_tokens, request.num_tokens) // self.block_size
+        hashes = self._block_hashes(request, num_full * self.block_size)
+        for i in range(num_full):
+            if blocks[i].block_hash is None:
+                self.pool.cache_block(blocks[i], hashes[i])
+
+    # -- call 3 ---------------------------------------------------------------------------------
+    def free(self, request: Request) -> None:
+        blocks = self.req_blocks.pop(request.request_id, [])
+        self.pool.free(list(reversed(blocks)))
+
+    # -- queries --------------------------------------------------------------------------------
+    def block_ids(self, request_id: str) -> list[int]:
+        return [b.block_id for b in self.req_blocks.get(request_id, [])]
+
+    def can_ever_fit(self, num_tokens: int) -> bool:
+        return cdiv(num_tokens, self.block_size) <= self.pool.num_blocks
+
+    def usage(self) -> float:
+        return self.pool.num_used_blocks / self.pool.num_blocks
+
+    def record_prefix_query(self, num_prompt_tokens: int, num_hit_tokens: int) -> None:
+        self.prefix_stats.queries += num_prompt_tokens
+        self.prefix_stats.hits += num_hit_tokens
+
+    def reset_prefix_cache(self) -> bool:
+        return self.pool.reset_cache()

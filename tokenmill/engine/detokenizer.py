@@ -1,0 +1,67 @@
+"""Incremental detokenisation, correct for multi-byte UTF-8 split over tokens and for BPE merges.
+
+Text is produced by decoding a short window of tokens and emitting only what changed; a window that
+ends in an incomplete character (U+FFFD) waits for the next token. Stop strings are found in the
+text and cut; while running, the last (longest stop - 1) characters are held back so a stop string
+never leaks into a stream."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+_CONTEXT = 5  # prompt tokens used as left context so the first word gets its leading space right
+
+
+@dataclass
+class DetokState:
+    token_ids: list[int]          # prompt + output
+    prefix_offset: int
+    read_offset: int
+    text: str = ""                # all output text so far (before stop-string truncation)
+    stop_hit: str | None = None
+    skip_special: bool = True
+    stops: list[str] = field(default_factory=list)
+
+
+class IncrementalDetokenizer:
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer = tokenizer
+
+    def start(self, prompt_token_ids: list[int], stops: list[str], skip_special: bool) -> DetokState:
+        n = len(prompt_token_ids)
+        return DetokState(list(prompt_token_ids[-_CONTEXT:]), prefix_offset=0, read_offset=min(n, _CONTEXT),
+                          skip_special=skip_special, stops=stops)
+
+    def _decode(self, ids: list[int], skip_special: bool) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=skip_special,
+                                     clean_up_tokenization_spaces=False)
+
+    def add_token(self, st: DetokState, token_id: int) -> str:
+        """Append one token; returns the newly completed text (may be empty)."""
+        st.token_ids.append(token_id)
+        prefix = self._decode(st.token_ids[st.prefix_offset:st.read_offset], st.skip_special)
+        full = self._decode(st.token_ids[st.prefix_offset:], st.skip_special)
+        if len(full) <= len(prefix) or full.endswith("\ufffd"):
+            return ""
+        delta = full[len(prefix):]
+        st.prefix_offset, st.read_offset = st.read_offset, len(st.token_ids)
+        # keep the window short: drop tokens before prefix_offset
+        if st.prefix_offset > 64:
+            st.token_ids = st.token_ids[st.prefix_offset:]
+            st.read_offset -= st.prefix_offset
+            st.prefix_offset = 0
+        start = max(0, len(st.text) - max((len(s) for s in st.stops), default=0))
+        st.text += delta
+        found = [(i, stop) for stop in st.stops if (i := st.text.find(stop, start)) != -1]
+        if found:
+            i, st.stop_hit = min(found)
+            st.text = st.text[:i]
+        return delta
+
+    @staticmethod
+    def visible_text(st: DetokState, finished: bool, include_stop: bool) -> str:
+        if st.stop_hit is not None:
+            return st.text + (st.stop_hit if include_stop else "")
+        if finished or not st.stops:
+            return st.text
+        hold = max(len(s) for s in st.stops) - 1
+        return st.text[: len(st.text) - hold] if hold else st.text

@@ -1,0 +1,134 @@
+"""Request state and the outputs returned to users (torch-free: the simulator reuses it)."""
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+
+from tokenmill.sampling_params import SamplingParams
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    PREEMPTED = "preempted"
+    FINISHED = "finished"
+
+
+class FinishReason(str, enum.Enum):
+    STOP = "stop"        # EOS, stop token or stop string
+    LENGTH = "length"    # max_tokens or max_model_len
+    ABORT = "abort"
+    ERROR = "error"
+
+
+@dataclass
+class RequestEvents:
+    """Timestamps (time.monotonic) from which every latency metric is derived."""
+    arrival: float
+    first_scheduled: float | None = None
+    first_token: float | None = None
+    last_token: float | None = None
+    finished: float | None = None
+    token_times: list[float] = field(default_factory=list)
+    num_preemptions: int = 0
+
+
+class Request:
+    """One sequence. Everything about its phase follows from three counters:
+    tokens known (prompt + output), tokens whose KV is computed, tokens reused from cache."""
+
+    def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+                 eos_token_id: int | None = None, arrival_time: float | None = None,
+                 max_tokens: int = 16, parent_id: str | None = None, index: int = 0) -> None:
+        self.request_id = request_id
+        self.parent_id = parent_id or request_id
+        self.index = index  # position among the n outputs of the parent request
+        self.prompt_token_ids = list(prompt_token_ids)
+        self.all_token_ids: list[int] = list(prompt_token_ids)
+        self.params = params
+        self.eos_token_id = eos_token_id
+        self.max_tokens = max_tokens
+        self.status = RequestStatus.WAITING
+        self.num_computed_tokens = 0
+        self.num_cached_tokens = 0  # prompt tokens found in the prefix cache at first schedule
+        self.finish_reason: FinishReason | None = None
+        self.stop_reason: str | int | None = None
+        self.events = RequestEvents(arrival=arrival_time if arrival_time is not None else time.monotonic())
+        self.logprobs: list[dict[int, float]] = []  # per output token: {token_id: logprob}
+        self.block_hashes: list[bytes] = []  # hash of each full block, chained (filled lazily)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.all_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.all_token_ids) - len(self.prompt_token_ids)
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.all_token_ids[len(self.prompt_token_ids):]
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status == RequestStatus.FINISHED
+
+    def append_token(self, token_id: int, now: float) -> None:
+        self.all_token_ids.append(token_id)
+        ev = self.events
+        if ev.first_token is None:
+            ev.first_token = now
+        ev.last_token = now
+        ev.token_times.append(now)
+
+    def __repr__(self) -> str:
+        return (f"Request({self.request_id!r}, prompt={self.num_prompt_tokens}, out={self.num_output_tokens}, "
+                f"computed={self.num_computed_tokens}, {self.status.value})")
+
+
+@dataclass
+class Logprob:
+    logprob: float
+    rank: int | None = None
+    decoded_token: str | None = None
+
+
+@dataclass
+class CompletionOutput:
+    index: int
+    text: str
+    token_ids: list[int]
+    cumulative_logprob: float | None = None
+    logprobs: list[dict[int, Logprob]] | None = None
+    finish_reason: str | None = None
+    stop_reason: str | int | None = None
+
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass
+class RequestMetrics:
+    arrival_time: float
+    first_scheduled_time: float | None
+    first_token_time: float | None
+    last_token_time: float | None
+    finished_time: float | None
+    num_preemptions: int = 0
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput]
+    finished: bool
+    num_cached_tokens: int = 0
+    metrics: RequestMetrics | None = None
+    error: str | None = None

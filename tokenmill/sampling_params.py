@@ -1,0 +1,64 @@
+"""SamplingParams: how to pick tokens for one request (names follow vLLM)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class SamplingParams:
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 or -1: disabled
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    max_tokens: int | None = 16
+    min_tokens: int = 0
+    logprobs: int | None = None  # number of top alternatives per token (0: only the chosen one)
+    skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+    stop_list: list[str] = field(init=False, default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.stop_list = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        self.stop_token_ids = list(self.stop_token_ids or [])
+        if self.top_k == -1:
+            self.top_k = 0
+        self._validate()
+
+    def _validate(self) -> None:
+        _check(self.n >= 1, "n", self.n, "an integer >= 1")
+        _check(0.0 <= self.temperature <= 100.0, "temperature", self.temperature, "[0, 100]")
+        _check(0.0 < self.top_p <= 1.0, "top_p", self.top_p, "(0, 1]")
+        _check(self.top_k >= 0, "top_k", self.top_k, "-1, 0 (disabled) or a positive integer")
+        _check(0.0 <= self.min_p <= 1.0, "min_p", self.min_p, "[0, 1]")
+        _check(-2.0 <= self.presence_penalty <= 2.0, "presence_penalty", self.presence_penalty, "[-2, 2]")
+        _check(-2.0 <= self.frequency_penalty <= 2.0, "frequency_penalty", self.frequency_penalty, "[-2, 2]")
+        _check(0.0 < self.repetition_penalty <= 10.0, "repetition_penalty", self.repetition_penalty, "(0, 10]")
+        _check(self.max_tokens is None or self.max_tokens >= 1, "max_tokens", self.max_tokens, "an integer >= 1")
+        _check(self.min_tokens >= 0, "min_tokens", self.min_tokens, "an integer >= 0")
+        _check(self.max_tokens is None or self.min_tokens <= self.max_tokens, "min_tokens", self.min_tokens,
+               "<= max_tokens")
+        _check(self.logprobs is None or 0 <= self.logprobs <= 20, "logprobs", self.logprobs, "0..20 or None")
+        _check(all(isinstance(s, str) and s for s in self.stop_list), "stop", self.stop, "non-empty strings")
+        _check(self.seed is None or isinstance(self.seed, int), "seed", self.seed, "an integer or None")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature < 1e-5
+
+    @property
+    def uses_penalties(self) -> bool:
+        return (self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+                or self.repetition_penalty != 1.0)
+
+
+def _check(ok: bool, name: str, value: object, allowed: str) -> None:
+    if not ok:
+        raise ValueError(f"{name} must be {allowed}, got {value!r}")

@@ -1,0 +1,130 @@
+"""Vectorised sampling over the batch: penalties, temperature, top-k, top-p, min-p, seeds, logprobs.
+
+Random rows use the exponential-race trick (argmax of p / Exp(1) noise is a sample from p), so a
+seeded request only needs its own noise row: its samples do not depend on who else is in the batch.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from tokenmill.request import Request
+
+
+@dataclass
+class SamplerOutput:
+    token_ids: list[int]
+    # per row: (logprob of the sampled token, [(token, logprob) top alternatives]) or None
+    logprobs: list[tuple[float, list[tuple[int, float]]] | None]
+
+
+class Sampler:
+    def __init__(self, vocab_size: int) -> None:
+        self.vocab_size = vocab_size
+        self.generators: dict[str, torch.Generator] = {}
+
+    def forget(self, request_id: str) -> None:
+        self.generators.pop(request_id, None)
+
+    def _generator(self, req: Request) -> torch.Generator:
+        gen = self.generators.get(req.request_id)
+        if gen is None:
+            gen = torch.Generator().manual_seed(req.params.seed + req.index)
+            self.generators[req.request_id] = gen
+        return gen
+
+    def __call__(self, logits: torch.Tensor, reqs: list[Request]) -> SamplerOutput:
+        logits = logits[:, : self.vocab_size]
+        want_logprobs = [r.params.logprobs is not None for r in reqs]
+        raw_logprobs = torch.log_softmax(logits, dim=-1) if any(want_logprobs) else None
+        if any(r.params.uses_penalties for r in reqs):
+            logits = _apply_penalties(logits.clone(), reqs)
+        logits = _mask_until_min_tokens(logits, reqs)
+        tokens = logits.argmax(dim=-1)
+        random_rows = [i for i, r in enumerate(reqs) if not r.params.greedy]
+        if random_rows:
+            idx = torch.tensor(random_rows)
+            sampled = self._sample(logits[idx], [reqs[i] for i in random_rows])
+            tokens[idx] = sampled
+        token_list = tokens.tolist()
+        return SamplerOutput(token_list, _gather_logprobs(raw_logprobs, token_list, reqs))
+
+    def _sample(self, logits: torch.Tensor, reqs: list[Request]) -> torch.Tensor:
+        temp = torch.tensor([r.params.temperature for r in reqs], dtype=logits.dtype)
+        logits = logits / temp[:, None]
+        top_k = [r.params.top_k for r in reqs]
+        if any(k > 0 for k in top_k):
+            k = torch.tensor([k if k > 0 else self.vocab_size for k in top_k]).clamp(max=logits.shape[-1])
+            kth = logits.sort(dim=-1, descending=True).values.gather(1, (k - 1)[:, None])
+            logits = logits.masked_fill(logits < kth, float("-inf"))
+        top_p = [r.params.top_p for r in reqs]
+        if any(p < 1.0 for p in top_p):
+            logits = _top_p(logits, torch.tensor(top_p, dtype=logits.dtype))
+        probs = logits.softmax(dim=-1)
+        min_p = [r.params.min_p for r in reqs]
+        if any(p > 0 for p in min_p):
+            thresh = torch.tensor(min_p, dtype=probs.dtype)[:, None] * probs.max(dim=-1, keepdim=True).values
+            probs = probs.masked_fill(probs < thresh, 0.0)
+        noise = torch.empty_like(probs).exponential_()
+        for i, r in enumerate(reqs):
+            if r.params.seed is not None:
+                noise[i].exponential_(generator=self._generator(r))
+        return (probs / noise).argmax(dim=-1)
+
+
+def _top_p(logits: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    sorted_logits, order = logits.sort(dim=-1, descending=False)
+    cum = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
+    drop = cum <= (1 - top_p[:, None])
+    drop[:, -1] = False  # always keep the most likely token
+    sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+    return torch.empty_like(logits).scatter_(1, order, sorted_logits)
+
+
+def _apply_penalties(logits: torch.Tensor, reqs: list[Request]) -> torch.Tensor:
+    batch, vocab = logits.shape
+    counts = torch.zeros(batch, vocab, dtype=logits.dtype)
+    seen_prompt = torch.zeros(batch, vocab, dtype=torch.bool)
+    for i, r in enumerate(reqs):  # builds index tensors only; the math below is batched
+        out = r.output_token_ids
+        if out:
+            counts[i].index_add_(0, torch.tensor(out), torch.ones(len(out), dtype=logits.dtype))
+        if r.params.repetition_penalty != 1.0:
+            seen_prompt[i, torch.tensor(r.prompt_token_ids)] = True
+    rep = torch.tensor([r.params.repetition_penalty for r in reqs], dtype=logits.dtype)[:, None]
+    freq = torch.tensor([r.params.frequency_penalty for r in reqs], dtype=logits.dtype)[:, None]
+    pres = torch.tensor([r.params.presence_penalty for r in reqs], dtype=logits.dtype)[:, None]
+    seen = seen_prompt | (counts > 0)
+    penalized = torch.where(logits > 0, logits / rep, logits * rep)
+    logits = torch.where(seen, penalized, logits)
+    return logits - freq * counts - pres * (counts > 0).to(logits.dtype)
+
+
+def _mask_until_min_tokens(logits: torch.Tensor, reqs: list[Request]) -> torch.Tensor:
+    rows = [(i, r) for i, r in enumerate(reqs) if r.num_output_tokens < r.params.min_tokens]
+    if not rows:
+        return logits
+    logits = logits.clone()
+    for i, r in rows:
+        stop_ids = list(r.params.stop_token_ids) + ([r.eos_token_id] if r.eos_token_id is not None else [])
+        if stop_ids:
+            logits[i, torch.tensor(stop_ids)] = float("-inf")
+    return logits
+
+
+def _gather_logprobs(raw: torch.Tensor | None, tokens: list[int], reqs: list[Request]):
+    if raw is None:
+        return [None] * len(reqs)
+    max_k = max(r.params.logprobs or 0 for r in reqs)
+    top_vals, top_ids = raw.topk(max_k, dim=-1) if max_k else (None, None)
+    chosen = raw.gather(1, torch.tensor(tokens)[:, None]).squeeze(1).tolist()
+    out = []
+    for i, r in enumerate(reqs):
+        if r.params.logprobs is None:
+            out.append(None)
+            continue
+        k = r.params.logprobs
+        alts = list(zip(top_ids[i, :k].tolist(), top_vals[i, :k].tolist())) if k else []
+        out.append((chosen[i], alts))
+    return out
