@@ -19,6 +19,7 @@ class EngineConfig:
     max_model_len: int | None = None
     block_size: int = 16
     kv_cache_memory_gb: float | None = None  # None: 10% of available memory, within [0.25, 4] GiB
+    num_kv_blocks: int | None = None  # overrides the budget (tests, simulations)
     kv_cache_dtype: str = "auto"
     enable_prefix_caching: bool = True
     max_num_batched_tokens: int = 1024

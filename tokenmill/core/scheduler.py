@@ -141,7 +141,7 @@ class Scheduler:
             n = min(remaining, budget)
             if self.config.long_prefill_token_threshold > 0:
                 n = min(n, self.config.long_prefill_token_threshold)
-            if not self.kv.allocate_slots(req, n, cached_blocks, admit=True):
+            if not self.kv.allocate_slots(req, n, cached_blocks, admit=bool(self.running)):
                 break  # memory pressure: new requests wait, running ones are not evicted for them
             self.waiting.popleft()
             if req.status == RequestStatus.WAITING:  # first admission (not a resume)

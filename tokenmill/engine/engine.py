@@ -61,7 +61,8 @@ class LLMEngine:
         self.max_model_len = self._max_model_len()
         self.dtype = resolve_dtype(config.dtype, self.model_cfg)
         self.runner = ModelRunner(self.model_cfg, str(folder), self.dtype, self.max_model_len,
-                                  config.block_size, config.kv_cache_memory_gb, config.attention_backend)
+                                  config.block_size, config.kv_cache_memory_gb, config.attention_backend,
+                                  config.num_kv_blocks)
         self.kv = KVCacheManager(self.runner.num_blocks, config.block_size, config.enable_prefix_caching,
                                  extra_key=f"{folder}|{self.dtype}|{config.kv_cache_dtype}")
         self.scheduler = Scheduler(config.scheduler_config(self.max_model_len), self.kv)

@@ -53,7 +53,8 @@ def kv_budget_bytes(kv_cache_memory_gb: float | None) -> int:
 
 class ModelRunner:
     def __init__(self, model_cfg: ModelConfig, folder: str, dtype: torch.dtype, max_model_len: int,
-                 block_size: int, kv_cache_memory_gb: float | None, attention_backend: str) -> None:
+                 block_size: int, kv_cache_memory_gb: float | None, attention_backend: str,
+                 num_kv_blocks: int | None = None) -> None:
         self.model_cfg = model_cfg
         self.dtype = dtype
         self.block_size = block_size
@@ -61,7 +62,7 @@ class ModelRunner:
         self.backend = get_attention_backend(attention_backend)
         elem = torch.tensor([], dtype=dtype).element_size()
         bytes_per_block = model_cfg.kv_bytes_per_token(elem) * block_size
-        self.num_blocks = int(kv_budget_bytes(kv_cache_memory_gb) // bytes_per_block)
+        self.num_blocks = num_kv_blocks or int(kv_budget_bytes(kv_cache_memory_gb) // bytes_per_block)
         if self.num_blocks < 1:
             raise ValueError(f"kv_cache_memory_gb={kv_cache_memory_gb} holds no block "
                              f"({bytes_per_block:.0f} bytes per block)")
@@ -104,9 +105,9 @@ class ModelRunner:
         return sample_reqs, self.sampler(logits, sample_reqs)
 
     @torch.inference_mode()
-    def prompt_logprobs(self, token_ids: list[int]) -> torch.Tensor:
-        """Log-probabilities of each next token of one sequence (for perplexity), using scratch
-        KV blocks 0..n; only call when no request is running."""
+    def full_logits(self, token_ids: list[int]) -> torch.Tensor:
+        """Logits [n, vocab] at every position of one sequence, using scratch KV blocks from 0.
+        For scoring (perplexity, reference tests); call only when no request holds blocks."""
         n = len(token_ids)
         blocks = list(range(-(-n // self.block_size)))
         if len(blocks) > self.num_blocks:
@@ -114,7 +115,11 @@ class ModelRunner:
         layout = BatchLayout(torch.arange(n), [0, n], [n], [blocks], self.block_size)
         meta = self.backend.build_metadata(layout)
         hidden = self.model(torch.tensor(token_ids), torch.arange(n), self.kv_caches, self.backend, meta)
-        logp = torch.log_softmax(self.model.compute_logits(hidden[:-1]), dim=-1)
+        return self.model.compute_logits(hidden)
+
+    def prompt_logprobs(self, token_ids: list[int]) -> torch.Tensor:
+        """log p(token[i+1] | token[:i+1]) for each position: the basis of perplexity."""
+        logp = torch.log_softmax(self.full_logits(token_ids)[:-1], dim=-1)
         return logp.gather(1, torch.tensor(token_ids[1:])[:, None]).squeeze(1)
 
 

@@ -1,0 +1,20 @@
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from tiny_models import make_tiny_model  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tmp_path_factory) -> Path:
+    return make_tiny_model(tmp_path_factory.mktemp("tiny_llama"), "llama", seed=1)
+
+
+@pytest.fixture(scope="session")
+def tiny_llm(tiny_llama):
+    """A float32 engine on the tiny Llama, shared by tests that only generate."""
+    from tokenmill import LLM
+    return LLM(str(tiny_llama), dtype="float32", kv_cache_memory_gb=0.02)
