@@ -18,3 +18,15 @@ def tiny_llm(tiny_llama):
     """A float32 engine on the tiny Llama, shared by tests that only generate."""
     from tokenmill import LLM
     return LLM(str(tiny_llama), dtype="float32", kv_cache_memory_gb=0.02)
+
+
+@pytest.fixture(scope="session")
+def smollm2_folder() -> Path:
+    from tokenmill.models.default_model import resolve_default_model
+    return resolve_default_model()
+
+
+@pytest.fixture(scope="session")
+def smollm2_tokenizer(smollm2_folder):
+    from transformers import AutoTokenizer
+    return AutoTokenizer.from_pretrained(smollm2_folder)

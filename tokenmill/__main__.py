@@ -1,0 +1,5 @@
+import sys
+
+from tokenmill.cli import main
+
+sys.exit(main())

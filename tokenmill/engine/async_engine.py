@@ -1,0 +1,425 @@
+"""AsyncLLMEngine: the LLMEngine step loop in its own thread, streaming RequestOutputs to asyncio.
+
+Threads and ownership:
+- The loop thread owns the LLMEngine: only it calls add_request / step / abort_request.
+- asyncio code hands it commands (add, abort) through a list guarded by a Condition, and the loop
+  thread sleeps on that Condition while it has nothing to do (no busy spin).
+- Outputs go back with one `loop.call_soon_threadsafe` per step and event loop, into the asyncio
+  queue of each request's stream. Outputs are cumulative, so a slow consumer just skips to the
+  latest one (`RequestStream` coalesces); `OutputDeltas` turns cumulative outputs into deltas.
+- A stream that is closed before its requests finish (client disconnect, cancellation) aborts them,
+  which frees their KV blocks on the next turn of the loop.
+- If the engine raises, the engine is declared dead: every open stream and every pending add gets
+  `EngineDeadError` (never a hang) and `is_healthy` turns False.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Callable
+
+from tokenmill.engine.stats import IterationStats
+from tokenmill.request import CompletionOutput, Logprob, RequestOutput
+from tokenmill.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+_IDLE_POLL_S = 0.005  # wait when the engine has requests but scheduled nothing (never spins)
+
+
+class EngineDeadError(RuntimeError):
+    """The engine loop stopped after an error; nothing more will be served."""
+
+
+class EngineShutdownError(RuntimeError):
+    """The engine is shutting down; the request was refused or aborted."""
+
+
+class QueueFullError(RuntimeError):
+    """Too many requests are waiting; try again later."""
+
+    def __init__(self, message: str, retry_after: int = 1) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+@dataclass
+class _Add:
+    requests: list[tuple[str, Any, SamplingParams, float]]
+    stream: "RequestStream"
+    future: asyncio.Future
+
+
+@dataclass
+class _Abort:
+    request_ids: list[str]
+    error: BaseException | None = None  # delivered to the stream, if it is still open
+
+
+@dataclass
+class _AbortAll:
+    error: BaseException
+
+
+class RequestStream:
+    """The outputs of one or more engine requests (e.g. the prompts of one API call), in one queue.
+
+    Iterate it to get RequestOutputs (cumulative; intermediate ones may be skipped); it ends when
+    every request has finished. Closing it early (break, cancellation, `abort()`) aborts the rest."""
+
+    def __init__(self, engine: "AsyncLLMEngine", request_ids: list[str], loop: asyncio.AbstractEventLoop) -> None:
+        self.engine = engine
+        self.request_ids = list(request_ids)
+        self.loop = loop
+        self.queue: asyncio.Queue = asyncio.Queue()
+        self.unfinished = set(request_ids)
+        self._closed = False
+
+    def _deliver(self, item: RequestOutput | BaseException) -> None:  # event-loop thread
+        self.queue.put_nowait(item)
+
+    @property
+    def finished(self) -> bool:
+        return not self.unfinished
+
+    async def next_outputs(self) -> list[RequestOutput]:
+        """Wait for news; returns the latest output of each request that changed (in arrival
+        order). Raises the engine's error if there is one; [] once everything has finished."""
+        if not self.unfinished:
+            return []
+        items = [await self.queue.get()]
+        while not self.queue.empty():
+            items.append(self.queue.get_nowait())
+        latest: dict[str, RequestOutput] = {}
+        for item in items:
+            if isinstance(item, BaseException):
+                self.abort()
+                raise item
+            latest[item.request_id] = item
+            if item.finished:
+                self.unfinished.discard(item.request_id)
+        return list(latest.values())
+
+    async def __aiter__(self) -> AsyncIterator[RequestOutput]:
+        try:
+            while self.unfinished:
+                for out in await self.next_outputs():
+                    yield out
+        finally:
+            self.abort()
+
+    def abort(self) -> None:
+        """Abort the requests that have not finished (idempotent, synchronous, never raises)."""
+        if self._closed:
+            return
+        self._closed = True
+        if self.unfinished:
+            self.engine.abort(list(self.unfinished))
+            self.unfinished.clear()
+
+
+class AsyncLLMEngine:
+    def __init__(self, engine, max_waiting_requests: int | None = None, start: bool = True) -> None:
+        self.engine = engine
+        self.max_waiting_requests = max_waiting_requests
+        self._cond = threading.Condition()
+        self._commands: list = []
+        self._streams: dict[str, RequestStream] = {}  # owned by the loop thread
+        self._pending_adds = 0  # requests handed over but not yet in the engine (event-loop side)
+        self._stop = False
+        self._draining = False
+        self.dead_error: BaseException | None = None
+        self._thread: threading.Thread | None = None
+        if start:
+            self.start()
+
+    @classmethod
+    def from_config(cls, config, **kwargs) -> "AsyncLLMEngine":
+        from tokenmill.engine.engine import LLMEngine
+        return cls(LLMEngine(config), **kwargs)
+
+    # -- facts about the engine (read-only, safe from any thread) ------------------------------
+    @property
+    def tokenizer(self):
+        return self.engine.tokenizer
+
+    @property
+    def model_name(self) -> str:
+        return self.engine.model_name
+
+    @property
+    def max_model_len(self) -> int:
+        return self.engine.max_model_len
+
+    @property
+    def kv_capacity_tokens(self) -> int:
+        return self.engine.kv.num_blocks * self.engine.kv.block_size
+
+    @property
+    def vocab_size(self) -> int:
+        return self.engine.model_cfg.vocab_size
+
+    def next_request_id(self) -> str:
+        return self.engine.next_request_id()
+
+    @property
+    def is_running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    @property
+    def is_healthy(self) -> bool:
+        return self.dead_error is None and self.is_running and not self._stop
+
+    def num_waiting(self) -> int:
+        """Requests not yet running: handed over plus waiting in the scheduler (incl. preempted)."""
+        return self._pending_adds + len(self.engine.scheduler.waiting)
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    def start(self) -> None:
+        if self._thread is not None:
+            return
+        self._thread = threading.Thread(target=self._run, name="tokenmill-engine-loop", daemon=True)
+        self._thread.start()
+
+    def start_draining(self) -> None:
+        """Refuse new requests from now on (in-flight ones continue)."""
+        self._draining = True
+
+    def abort_all(self, message: str = "the server is shutting down") -> None:
+        self._submit(_AbortAll(EngineShutdownError(message)))
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        """Stop the loop: open streams get EngineShutdownError and their requests are aborted."""
+        self._draining = True
+        with self._cond:
+            self._stop = True
+            self._cond.notify()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout)
+
+    # -- requests (event-loop side) -------------------------------------------------------------
+    async def add_requests(self, requests: list[tuple[str, Any, SamplingParams]],
+                           arrival_time: float | None = None) -> RequestStream:
+        """Hand requests (request_id, prompt, params) to the engine; all or none are added.
+        Raises ValueError (invalid request), QueueFullError, EngineDeadError, EngineShutdownError."""
+        self._check_accepting()
+        n = len(requests)
+        if self.max_waiting_requests is not None and self.num_waiting() + n > self.max_waiting_requests:
+            raise QueueFullError(f"too many requests waiting (limit {self.max_waiting_requests}); retry later")
+        loop = asyncio.get_running_loop()
+        arrival = arrival_time if arrival_time is not None else time.monotonic()
+        stream = RequestStream(self, [r[0] for r in requests], loop)
+        fut = loop.create_future()
+        self._pending_adds += n
+        try:
+            self._submit(_Add([(rid, prompt, params, arrival) for rid, prompt, params in requests], stream, fut))
+            await fut
+        except asyncio.CancelledError:
+            stream.abort()
+            raise
+        finally:
+            self._pending_adds -= n
+        return stream
+
+    async def add_request(self, request_id: str, prompt, params: SamplingParams,
+                          arrival_time: float | None = None) -> RequestStream:
+        return await self.add_requests([(request_id, prompt, params)], arrival_time)
+
+    async def generate(self, prompt, params: SamplingParams,
+                       request_id: str | None = None) -> AsyncIterator[RequestOutput]:
+        """Cumulative RequestOutputs of one request until it finishes (aborted if left early)."""
+        stream = await self.add_request(request_id or self.next_request_id(), prompt, params)
+        async for out in stream:
+            yield out
+
+    def abort(self, request_ids: str | list[str]) -> None:
+        """Abort requests (thread-safe, non-blocking); their KV blocks are freed on the next turn."""
+        ids = [request_ids] if isinstance(request_ids, str) else list(request_ids)
+        if ids and self.is_running:
+            self._submit(_Abort(ids))
+
+    def _check_accepting(self) -> None:
+        if self.dead_error is not None:
+            raise EngineDeadError(f"the engine loop has died: {self.dead_error!r}")
+        if self._draining or self._stop:
+            raise EngineShutdownError("the server is shutting down")
+        if not self.is_running:
+            raise EngineShutdownError("the engine loop is not running")
+
+    def _submit(self, command) -> None:
+        with self._cond:
+            self._commands.append(command)
+            self._cond.notify()
+
+    # -- the loop thread ------------------------------------------------------------------------
+    def _run(self) -> None:
+        engine = self.engine
+        try:
+            while True:
+                with self._cond:
+                    while not self._commands and not self._stop and not engine.has_unfinished_requests():
+                        self._cond.wait()
+                    commands, self._commands = self._commands, []
+                    stop = self._stop
+                if commands:
+                    self._process(commands)
+                if stop:
+                    break
+                if engine.has_unfinished_requests():
+                    t0 = time.monotonic()
+                    outputs = engine.step()
+                    self._dispatch(outputs)
+                    if not outputs and time.monotonic() - t0 < 1e-3:
+                        with self._cond:  # scheduled nothing: wait a little for news, never spin
+                            if not self._commands and not self._stop:
+                                self._cond.wait(_IDLE_POLL_S)
+        except BaseException as e:  # noqa: BLE001 - the engine is dead; tell everyone, never hang
+            logger.exception("engine loop died")
+            self.dead_error = e
+            self._fail_everything(EngineDeadError(f"the engine loop has died: {e!r}"))
+            return
+        self._fail_everything(EngineShutdownError("the server is shutting down"))
+
+    def _process(self, commands: list) -> None:
+        engine = self.engine
+        aborted = False
+        for cmd in commands:
+            if isinstance(cmd, _Add):
+                self._process_add(cmd)
+            elif isinstance(cmd, _Abort):
+                for rid in cmd.request_ids:
+                    engine.abort_request(rid)
+                    stream = self._streams.pop(rid, None)
+                    if stream is not None and cmd.error is not None:
+                        _call(stream.loop, stream._deliver, cmd.error)
+                aborted = True
+            elif isinstance(cmd, _AbortAll):
+                for rid, stream in list(self._streams.items()):
+                    engine.abort_request(rid)
+                    _call(stream.loop, stream._deliver, cmd.error)
+                self._streams.clear()
+                aborted = True
+        if aborted:
+            self._refresh_stats()
+
+    def _process_add(self, cmd: _Add) -> None:
+        engine = self.engine
+        added = []
+        try:
+            if self._stop or self._draining:
+                raise EngineShutdownError("the server is shutting down")
+            for rid, prompt, params, arrival in cmd.requests:
+                engine.add_request(rid, prompt, params, arrival_time=arrival)
+                added.append(rid)
+        except Exception as e:  # noqa: BLE001 - ValueError for invalid requests; goes to the caller
+            for rid in added:
+                engine.abort_request(rid)
+            _call(cmd.stream.loop, _set_exception, cmd.future, e)
+            return
+        for rid in added:
+            self._streams[rid] = cmd.stream
+        _call(cmd.stream.loop, _set_result, cmd.future, None)
+
+    def _dispatch(self, outputs: list[RequestOutput]) -> None:
+        batches: dict[asyncio.AbstractEventLoop, list] = defaultdict(list)
+        for out in outputs:
+            stream = self._streams.get(out.request_id)
+            if stream is None:
+                continue
+            if out.finished:
+                del self._streams[out.request_id]
+            batches[stream.loop].append((stream, out))
+        for loop, items in batches.items():
+            _call(loop, _deliver_all, items)
+
+    def _fail_everything(self, error: BaseException) -> None:
+        with self._cond:
+            commands, self._commands = self._commands, []
+        for cmd in commands:
+            if isinstance(cmd, _Add):
+                _call(cmd.stream.loop, _set_exception, cmd.future, error)
+        for rid, stream in list(self._streams.items()):
+            try:
+                self.engine.abort_request(rid)
+            except Exception:  # noqa: BLE001 - a dead engine may not abort cleanly
+                pass
+            _call(stream.loop, stream._deliver, error)
+        self._streams.clear()
+
+    def _refresh_stats(self) -> None:
+        """Aborts free blocks outside a step: give the stat loggers fresh gauges."""
+        engine = self.engine
+        if not getattr(engine, "stat_loggers", None):
+            return
+        try:
+            sched = engine.scheduler.stats()
+            idle = IterationStats(0, 0, 0, 0, 0, 0.0, 0.0, 0.0)
+            for lg in engine.stat_loggers:
+                lg.record(sched, idle, [], engine.kv.prefix_stats, engine.kv.pool.num_evictions)
+        except Exception:  # noqa: BLE001 - metrics must never kill the loop
+            logger.exception("stat refresh failed")
+
+
+def _call(loop: asyncio.AbstractEventLoop, fn: Callable, *args) -> None:
+    try:
+        loop.call_soon_threadsafe(fn, *args)
+    except RuntimeError:  # the event loop is closed: nobody is listening any more
+        pass
+
+
+def _set_result(fut: asyncio.Future, value) -> None:
+    if not fut.done():
+        fut.set_result(value)
+
+
+def _set_exception(fut: asyncio.Future, exc: BaseException) -> None:
+    if not fut.done():
+        fut.set_exception(exc)
+
+
+def _deliver_all(items: list[tuple[RequestStream, RequestOutput]]) -> None:
+    for stream, out in items:
+        stream._deliver(out)
+
+
+# -- deltas for streaming ------------------------------------------------------------------------
+@dataclass
+class ChoiceDelta:
+    index: int
+    text: str
+    token_ids: list[int]
+    logprobs: list[dict[int, Logprob]] | None
+    finish_reason: str | None
+    stop_reason: str | int | None
+    output: CompletionOutput = field(repr=False)  # the cumulative output this delta came from
+
+
+class OutputDeltas:
+    """Turns the cumulative outputs of one request into per-choice deltas (text, token ids,
+    logprobs), each emitted once; a choice's finish_reason is set on its last delta."""
+
+    def __init__(self) -> None:
+        self._text_len: dict[int, int] = {}
+        self._num_tokens: dict[int, int] = {}
+        self._done: set[int] = set()
+
+    def update(self, out: RequestOutput) -> list[ChoiceDelta]:
+        deltas = []
+        for c in out.outputs:
+            if c.index in self._done:
+                continue
+            t0, n0 = self._text_len.get(c.index, 0), self._num_tokens.get(c.index, 0)
+            text, ids = c.text[t0:], c.token_ids[n0:]
+            finished = c.finish_reason is not None
+            if not text and not ids and not finished:
+                continue
+            self._text_len[c.index], self._num_tokens[c.index] = len(c.text), len(c.token_ids)
+            if finished:
+                self._done.add(c.index)
+            lps = c.logprobs[n0:] if c.logprobs is not None else None
+            deltas.append(ChoiceDelta(c.index, text, ids, lps, c.finish_reason, c.stop_reason, c))
+        return deltas

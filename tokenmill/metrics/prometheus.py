@@ -1,0 +1,155 @@
+"""PrometheusStatLogger: the engine's StatLogger, exported in the Prometheus text format.
+
+Registered in `LLMEngine.stat_loggers`; `record` runs on the engine loop thread after every step
+(prometheus_client is thread-safe, so /metrics may be scraped from any thread). Each instance owns
+its CollectorRegistry, so several engines (or tests) never collide. Latencies and cost come from
+`tokenmill.metrics.stats` (the one place they are computed). Every series carries a `model_name`
+label.
+
+Series (units in the names; counters end in _total):
+  histograms  tokenmill:time_to_first_token_seconds, tokenmill:time_per_output_token_seconds,
+              tokenmill:inter_token_latency_seconds, tokenmill:e2e_request_latency_seconds,
+              tokenmill:request_queue_time_seconds, tokenmill:request_prompt_tokens,
+              tokenmill:request_generation_tokens, tokenmill:iteration_tokens
+  gauges      tokenmill:num_requests_running, tokenmill:num_requests_waiting,
+              tokenmill:kv_cache_usage_perc (fraction of KV blocks in use, 0..1, as vLLM's),
+              tokenmill:kv_block_fill_ratio (tokens stored / slots of used blocks, 0..1),
+              tokenmill:price_per_hour_usd, tokenmill:output_tokens_per_second,
+              tokenmill:cost_per_million_output_tokens_usd (NaN until tokens are generated)
+  counters    tokenmill:prefix_cache_queries_total, tokenmill:prefix_cache_hits_total (tokens),
+              tokenmill:kv_cache_evictions_total (blocks), tokenmill:num_preemptions_total,
+              tokenmill:prompt_tokens_total (prompt tokens computed, cache hits excluded),
+              tokenmill:generation_tokens_total, tokenmill:request_success_total{finished_reason}
+"""
+from __future__ import annotations
+
+import logging
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from tokenmill.metrics.stats import CostWindow, request_timings
+
+logger = logging.getLogger(__name__)
+
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+PREFIX = "tokenmill:"
+
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+                20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+TOKEN_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75,
+                         1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
+REQUEST_LATENCY_BUCKETS = (0.01, 0.05, 0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0,
+                           40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+TOKEN_COUNT_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000, 100000)
+
+
+class PrometheusStatLogger:
+    def __init__(self, model_name: str, price_per_hour: float = 1.0, cost_window_s: float = 60.0,
+                 registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        self.model_name = model_name
+        self.cost = CostWindow(price_per_hour, cost_window_s)
+        labels = ["model_name"]
+        reg = self.registry
+
+        def hist(name, doc, buckets):
+            return Histogram(PREFIX + name, doc, labels, buckets=buckets, registry=reg).labels(model_name)
+
+        def gauge(name, doc):
+            return Gauge(PREFIX + name, doc, labels, registry=reg).labels(model_name)
+
+        def counter(name, doc):
+            return Counter(PREFIX + name, doc, labels, registry=reg).labels(model_name)
+
+        self.ttft = hist("time_to_first_token_seconds", "Time from arrival to the first output token.",
+                         TTFT_BUCKETS)
+        self.tpot = hist("time_per_output_token_seconds",
+                         "Per request: (last token - first token) / (output tokens - 1).", TOKEN_LATENCY_BUCKETS)
+        self.itl = hist("inter_token_latency_seconds", "Gap between consecutive output tokens.",
+                        TOKEN_LATENCY_BUCKETS)
+        self.e2e = hist("e2e_request_latency_seconds", "Time from arrival to finish.", REQUEST_LATENCY_BUCKETS)
+        self.queue = hist("request_queue_time_seconds", "Time from arrival to first scheduled.",
+                          REQUEST_LATENCY_BUCKETS)
+        self.req_prompt = hist("request_prompt_tokens", "Prompt tokens per finished request.", TOKEN_COUNT_BUCKETS)
+        self.req_gen = hist("request_generation_tokens", "Output tokens per finished request.", TOKEN_COUNT_BUCKETS)
+        self.iter_tokens = hist("iteration_tokens", "Tokens in one engine step (prefill + decode).",
+                                TOKEN_COUNT_BUCKETS)
+        self.running = gauge("num_requests_running", "Sequences running in the engine.")
+        self.waiting = gauge("num_requests_waiting", "Sequences waiting (incl. preempted).")
+        self.kv_usage = gauge("kv_cache_usage_perc", "Fraction of KV cache blocks in use (0..1).")
+        self.block_fill = gauge("kv_block_fill_ratio", "Tokens stored / token slots of the used KV blocks (0..1).")
+        self.price = gauge("price_per_hour_usd", "Price of the device in USD per hour (--price-per-hour).")
+        self.throughput = gauge("output_tokens_per_second",
+                                f"Output tokens per busy second over the last {cost_window_s:g} s of busy time.")
+        self.cost_gauge = gauge("cost_per_million_output_tokens_usd",
+                                "price_per_hour / 3600 * busy seconds / output tokens * 1e6, over the last "
+                                f"{cost_window_s:g} s of busy engine time (NaN before any token).")
+        self.prefix_queries = counter("prefix_cache_queries", "Prompt tokens looked up in the prefix cache.")
+        self.prefix_hits = counter("prefix_cache_hits", "Prompt tokens found in the prefix cache.")
+        self.evictions = counter("kv_cache_evictions", "Cached KV blocks evicted for reuse.")
+        self.preemptions = counter("num_preemptions", "Sequences preempted (recomputed later).")
+        self.prompt_tokens = counter("prompt_tokens", "Prompt tokens computed (prefix-cache hits excluded).")
+        self.gen_tokens = counter("generation_tokens", "Output tokens generated.")
+        self._success = Counter(PREFIX + "request_success", "Finished sequences by finish reason.",
+                                labels + ["finished_reason"], registry=reg)
+        for reason in ("stop", "length"):
+            self._success.labels(model_name, reason)
+        self.price.set(price_per_hour)
+        self.cost_gauge.set(float("nan"))
+        self.throughput.set(0.0)
+        # the engine reports cumulative totals: remember the last ones, export the increments
+        self._last = {"queries": 0, "hits": 0, "evictions": 0, "preemptions": 0}
+
+    # -- StatLogger ------------------------------------------------------------------------------
+    def record(self, sched, it, finished, prefix, evictions) -> None:
+        try:
+            self._record(sched, it, finished, prefix, evictions)
+        except Exception:  # noqa: BLE001 - metrics must never take the engine down
+            logger.exception("PrometheusStatLogger.record failed")
+
+    def _record(self, sched, it, finished, prefix, evictions) -> None:
+        self.running.set(sched.num_running)
+        self.waiting.set(sched.num_waiting)
+        self.kv_usage.set(sched.kv_usage)
+        self.block_fill.set(sched.block_fill)
+        self._inc("queries", prefix.queries, self.prefix_queries)
+        self._inc("hits", prefix.hits, self.prefix_hits)
+        self._inc("evictions", evictions, self.evictions)
+        self._inc("preemptions", sched.num_preemptions_total, self.preemptions)
+        if it.num_prompt_tokens:
+            self.prompt_tokens.inc(it.num_prompt_tokens)
+        if it.num_generation_tokens:
+            self.gen_tokens.inc(it.num_generation_tokens)
+        if it.num_batched_tokens:
+            self.iter_tokens.observe(it.num_batched_tokens)
+        if it.step_time > 0 or it.num_generation_tokens:
+            self.cost.add(it.step_time, it.num_generation_tokens)
+            self.cost_gauge.set(self.cost.cost_per_million_output_tokens)
+            self.throughput.set(self.cost.tokens_per_second)
+        for req in finished:
+            self._finished(req)
+
+    def _inc(self, key: str, total: int, counter) -> None:
+        last = self._last[key]
+        delta = total - last if total >= last else total  # a reset (e.g. a new engine) starts over
+        if delta > 0:
+            counter.inc(delta)
+        self._last[key] = total
+
+    def _finished(self, req) -> None:
+        t = request_timings(req)
+        if t.finish_reason is not None:
+            self._success.labels(self.model_name, t.finish_reason).inc()
+        for hist, value in ((self.queue, t.queue_time), (self.ttft, t.ttft), (self.e2e, t.e2e),
+                            (self.tpot, t.tpot)):
+            if value is not None:
+                hist.observe(value)
+        for gap in t.itl:
+            self.itl.observe(gap)
+        self.req_prompt.observe(t.num_prompt_tokens)
+        self.req_gen.observe(t.num_output_tokens)
+
+    # -- exposition ------------------------------------------------------------------------------
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)
