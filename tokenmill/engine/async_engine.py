@@ -4,9 +4,10 @@ Threads and ownership:
 - The loop thread owns the LLMEngine: only it calls add_request / step / abort_request.
 - asyncio code hands it commands (add, abort) through a list guarded by a Condition, and the loop
   thread sleeps on that Condition while it has nothing to do (no busy spin).
-- Outputs go back with one `loop.call_soon_threadsafe` per step and event loop, into the asyncio
-  queue of each request's stream. Outputs are cumulative, so a slow consumer just skips to the
-  latest one (`RequestStream` coalesces); `OutputDeltas` turns cumulative outputs into deltas.
+- Outputs go back with one `loop.call_soon_threadsafe` per step and event loop, into each
+  request's `RequestStream`. Outputs are cumulative, so a stream keeps only the latest one per
+  request (a slow consumer skips to it; memory stays bounded); `OutputDeltas` turns cumulative
+  outputs into text / token-id / logprob deltas.
 - A stream that is closed before its requests finish (client disconnect, cancellation) aborts them,
   which frees their KV blocks on the next turn of the loop.
 - If the engine raises, the engine is declared dead: every open stream and every pending add gets
@@ -19,8 +20,9 @@ import logging
 import threading
 import time
 from collections import defaultdict
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Callable
+from typing import Any
 
 from tokenmill.engine.stats import IterationStats
 from tokenmill.request import CompletionOutput, Logprob, RequestOutput
@@ -50,7 +52,7 @@ class QueueFullError(RuntimeError):
 @dataclass
 class _Add:
     requests: list[tuple[str, Any, SamplingParams, float]]
-    stream: "RequestStream"
+    stream: RequestStream
     future: asyncio.Future
 
 
@@ -66,21 +68,30 @@ class _AbortAll:
 
 
 class RequestStream:
-    """The outputs of one or more engine requests (e.g. the prompts of one API call), in one queue.
+    """The outputs of one or more engine requests (e.g. the prompts of one API call).
 
-    Iterate it to get RequestOutputs (cumulative; intermediate ones may be skipped); it ends when
-    every request has finished. Closing it early (break, cancellation, `abort()`) aborts the rest."""
+    Iterate it (or call `next_outputs`) to get RequestOutputs; it ends when every request has
+    finished. Outputs are cumulative, so only the latest one per request is kept until read: a slow
+    reader skips intermediate ones and memory stays bounded. Closing it early (break,
+    cancellation, `abort()`) aborts the requests that have not finished."""
 
-    def __init__(self, engine: "AsyncLLMEngine", request_ids: list[str], loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, engine: AsyncLLMEngine, request_ids: list[str], loop: asyncio.AbstractEventLoop) -> None:
         self.engine = engine
         self.request_ids = list(request_ids)
         self.loop = loop
-        self.queue: asyncio.Queue = asyncio.Queue()
         self.unfinished = set(request_ids)
+        self._latest: dict[str, RequestOutput] = {}
+        self._error: BaseException | None = None
+        self._news = asyncio.Event()
         self._closed = False
 
     def _deliver(self, item: RequestOutput | BaseException) -> None:  # event-loop thread
-        self.queue.put_nowait(item)
+        if isinstance(item, BaseException):
+            if self._error is None:
+                self._error = item
+        else:
+            self._latest[item.request_id] = item
+        self._news.set()
 
     @property
     def finished(self) -> bool:
@@ -91,17 +102,15 @@ class RequestStream:
         order). Raises the engine's error if there is one; [] once everything has finished."""
         if not self.unfinished:
             return []
-        items = [await self.queue.get()]
-        while not self.queue.empty():
-            items.append(self.queue.get_nowait())
-        latest: dict[str, RequestOutput] = {}
-        for item in items:
-            if isinstance(item, BaseException):
-                self.abort()
-                raise item
-            latest[item.request_id] = item
-            if item.finished:
-                self.unfinished.discard(item.request_id)
+        await self._news.wait()
+        self._news.clear()
+        if self._error is not None:
+            self.abort()
+            raise self._error
+        latest, self._latest = self._latest, {}
+        for rid, out in latest.items():
+            if out.finished:
+                self.unfinished.discard(rid)
         return list(latest.values())
 
     async def __aiter__(self) -> AsyncIterator[RequestOutput]:
@@ -138,7 +147,7 @@ class AsyncLLMEngine:
             self.start()
 
     @classmethod
-    def from_config(cls, config, **kwargs) -> "AsyncLLMEngine":
+    def from_config(cls, config, **kwargs) -> AsyncLLMEngine:
         from tokenmill.engine.engine import LLMEngine
         return cls(LLMEngine(config), **kwargs)
 
@@ -277,7 +286,7 @@ class AsyncLLMEngine:
                         with self._cond:  # scheduled nothing: wait a little for news, never spin
                             if not self._commands and not self._stop:
                                 self._cond.wait(_IDLE_POLL_S)
-        except BaseException as e:  # noqa: BLE001 - the engine is dead; tell everyone, never hang
+        except BaseException as e:
             logger.exception("engine loop died")
             self.dead_error = e
             self._fail_everything(EngineDeadError(f"the engine loop has died: {e!r}"))
@@ -315,7 +324,7 @@ class AsyncLLMEngine:
             for rid, prompt, params, arrival in cmd.requests:
                 engine.add_request(rid, prompt, params, arrival_time=arrival)
                 added.append(rid)
-        except Exception as e:  # noqa: BLE001 - ValueError for invalid requests; goes to the caller
+        except Exception as e:
             for rid in added:
                 engine.abort_request(rid)
             _call(cmd.stream.loop, _set_exception, cmd.future, e)
@@ -345,7 +354,7 @@ class AsyncLLMEngine:
         for rid, stream in list(self._streams.items()):
             try:
                 self.engine.abort_request(rid)
-            except Exception:  # noqa: BLE001 - a dead engine may not abort cleanly
+            except Exception:
                 pass
             _call(stream.loop, stream._deliver, error)
         self._streams.clear()
@@ -360,7 +369,7 @@ class AsyncLLMEngine:
             idle = IterationStats(0, 0, 0, 0, 0, 0.0, 0.0, 0.0)
             for lg in engine.stat_loggers:
                 lg.record(sched, idle, [], engine.kv.prefix_stats, engine.kv.pool.num_evictions)
-        except Exception:  # noqa: BLE001 - metrics must never kill the loop
+        except Exception:
             logger.exception("stat refresh failed")
 
 

@@ -105,7 +105,7 @@ class PrometheusStatLogger:
     def record(self, sched, it, finished, prefix, evictions) -> None:
         try:
             self._record(sched, it, finished, prefix, evictions)
-        except Exception:  # noqa: BLE001 - metrics must never take the engine down
+        except Exception:
             logger.exception("PrometheusStatLogger.record failed")
 
     def _record(self, sched, it, finished, prefix, evictions) -> None:

