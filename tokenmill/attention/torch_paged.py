@@ -19,7 +19,7 @@ class _Group:
     q_index: torch.Tensor    # [B, Q] flat token index; padding points at row T (a zero row)
     out_index: torch.Tensor  # [N] flat token index of each real query, in padded order
     out_valid: torch.Tensor  # [N] position of each real query in the flattened [B*Q] output
-    kv_slots: torch.Tensor   # [B, L] cache slot of each context position (padding: slot 0)
+    block_table: torch.Tensor  # [B, NB] block ids (padding: block 0, masked out)
     mask: torch.Tensor       # [B, 1, Q, L] True where attention is allowed
 
 
@@ -27,6 +27,7 @@ class _Group:
 class TorchPagedMetadata:
     slot_mapping: torch.Tensor
     num_tokens: int
+    block_size: int
     groups: list[_Group]
 
 
@@ -39,18 +40,20 @@ class TorchPagedBackend(AttentionBackend):
         decode = [b for b, n in enumerate(q_lens) if n == 1]
         prefill = [b for b, n in enumerate(q_lens) if n > 1]
         groups = [_build_group(layout, idx, q_lens) for idx in (decode, prefill) if idx]
-        return TorchPagedMetadata(layout.slot_mapping, qsl[-1], groups)
+        return TorchPagedMetadata(layout.slot_mapping, qsl[-1], layout.block_size, groups)
 
     def forward(self, q, k, v, kv_cache, meta: TorchPagedMetadata, scale: float) -> torch.Tensor:
         write_kv(kv_cache, k, v, meta.slot_mapping)
-        key_cache, value_cache = kv_cache[0], kv_cache[1]
         num_heads, head_dim = q.shape[1], q.shape[2]
+        # gather whole blocks (one contiguous copy per block, not per token)
+        key_cache = kv_cache[0].view(-1, meta.block_size, *kv_cache[0].shape[1:])
+        value_cache = kv_cache[1].view(-1, meta.block_size, *kv_cache[1].shape[1:])
         q_pad = torch.cat([q, q.new_zeros(1, num_heads, head_dim)])
         out = q.new_empty(q.shape)
         for g in meta.groups:
             qg = q_pad[g.q_index].transpose(1, 2)                       # [B, H, Q, D]
-            kg = key_cache[g.kv_slots].to(q.dtype).transpose(1, 2)      # [B, Hkv, L, D]
-            vg = value_cache[g.kv_slots].to(q.dtype).transpose(1, 2)
+            kg = key_cache[g.block_table].flatten(1, 2).to(q.dtype).transpose(1, 2)  # [B, Hkv, L, D]
+            vg = value_cache[g.block_table].flatten(1, 2).to(q.dtype).transpose(1, 2)
             og = F.scaled_dot_product_attention(qg, kg, vg, attn_mask=g.mask, scale=scale,
                                                 enable_gqa=True)
             og = og.transpose(1, 2).reshape(-1, num_heads, head_dim)    # [B*Q, H, D]
@@ -75,10 +78,9 @@ def _build_group(layout: BatchLayout, seqs: list[int], q_lens: list[int]) -> _Gr
     for i, b in enumerate(seqs):
         row = layout.block_tables[b][:max_blocks]
         tables[i, :len(row)] = torch.tensor(row, dtype=torch.long)
-    kv_slots = (tables[:, :, None] * bs + torch.arange(bs)).reshape(n, -1)[:, :max_len]
     # Absolute position of each query; padded queries sit at 0 so their rows are never empty.
     abs_pos = torch.where(real_q, seq_len[:, None] - qlen[:, None] + qpos[None, :], 0)
-    mask = torch.arange(max_len)[None, None, :] <= abs_pos[:, :, None]        # [B, Q, L]
+    mask = torch.arange(max_blocks * bs)[None, None, :] <= abs_pos[:, :, None]  # [B, Q, NB*bs]
     flat_valid = real_q.reshape(-1).nonzero().squeeze(1)
     return _Group(q_index=q_index, out_index=q_index.reshape(-1)[flat_valid], out_valid=flat_valid,
-                  kv_slots=kv_slots, mask=mask[:, None])
+                  block_table=tables, mask=mask[:, None])
