@@ -92,11 +92,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_serve(sub) -> None:
-    try:
-        from tokenmill.server.cli_args import add_serve_args
-        from tokenmill.server.app import run_server
-    except ImportError:
-        return
+    from tokenmill.server.cli_args import add_serve_args
+
+    def run_server(args: argparse.Namespace) -> int:
+        from tokenmill.server.app import run_server as run
+        return run(args)
+
     serve = sub.add_parser("serve", help="OpenAI-compatible HTTP server")
     add_serve_args(serve)
     serve.set_defaults(func=run_server)
@@ -104,12 +105,10 @@ def _add_serve(sub) -> None:
 
 def _add_bench(sub) -> None:
     bench = sub.add_parser("bench", help="benchmarks").add_subparsers(dest="bench_command", required=True)
-    from tokenmill.bench import offline
+    from tokenmill.bench import offline, roofline
     offline.add_parser(bench)
-    try:
-        from tokenmill.bench import serve as bench_serve
-    except ImportError:
-        return
+    roofline.add_parser(bench)
+    from tokenmill.bench import serve as bench_serve
     bench_serve.add_serve_parser(bench)
     bench_serve.add_compare_parser(bench)
 

@@ -47,7 +47,8 @@ class SamplingParams:
                "<= max_tokens")
         _check(self.logprobs is None or 0 <= self.logprobs <= 20, "logprobs", self.logprobs, "0..20 or None")
         _check(all(isinstance(s, str) and s for s in self.stop_list), "stop", self.stop, "non-empty strings")
-        _check(self.seed is None or isinstance(self.seed, int), "seed", self.seed, "an integer or None")
+        _check(self.seed is None or (isinstance(self.seed, int) and 0 <= self.seed < 2**63 - self.n),
+               "seed", self.seed, "an integer in [0, 2**63 - n) or None")
 
     @property
     def greedy(self) -> bool:

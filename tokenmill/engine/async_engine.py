@@ -24,7 +24,6 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from tokenmill.engine.stats import IterationStats
 from tokenmill.request import CompletionOutput, Logprob, RequestOutput
 from tokenmill.sampling_params import SamplingParams
 
@@ -166,7 +165,7 @@ class AsyncLLMEngine:
 
     @property
     def kv_capacity_tokens(self) -> int:
-        return self.engine.kv.num_blocks * self.engine.kv.block_size
+        return self.engine.kv_capacity_tokens
 
     @property
     def vocab_size(self) -> int:
@@ -185,7 +184,7 @@ class AsyncLLMEngine:
 
     def num_waiting(self) -> int:
         """Requests not yet running: handed over plus waiting in the scheduler (incl. preempted)."""
-        return self._pending_adds + len(self.engine.scheduler.waiting)
+        return self._pending_adds + self.engine.num_waiting_requests()
 
     # -- lifecycle ------------------------------------------------------------------------------
     def start(self) -> None:
@@ -361,14 +360,8 @@ class AsyncLLMEngine:
 
     def _refresh_stats(self) -> None:
         """Aborts free blocks outside a step: give the stat loggers fresh gauges."""
-        engine = self.engine
-        if not getattr(engine, "stat_loggers", None):
-            return
         try:
-            sched = engine.scheduler.stats()
-            idle = IterationStats(0, 0, 0, 0, 0, 0.0, 0.0, 0.0)
-            for lg in engine.stat_loggers:
-                lg.record(sched, idle, [], engine.kv.prefix_stats, engine.kv.pool.num_evictions)
+            self.engine.log_stats()
         except Exception:
             logger.exception("stat refresh failed")
 

@@ -98,6 +98,9 @@ class LLMEngine:
         if request_id in self.parents:
             raise ValueError(f"request_id {request_id!r} is already in use")
         text, token_ids = self._tokenize(prompt)
+        bad_stops = [t for t in params.stop_token_ids if not 0 <= t < self.model_cfg.vocab_size]
+        if bad_stops:
+            raise ValueError(f"stop_token_ids must be in [0, {self.model_cfg.vocab_size}); got {bad_stops[:3]}")
         max_tokens = self._check_lengths(token_ids, params)
         arrival = arrival_time if arrival_time is not None else time.monotonic()
         children = [Request(request_id if params.n == 1 else f"{request_id}#{i}", token_ids, params,
@@ -148,10 +151,23 @@ class LLMEngine:
         parent = self.parents.pop(request_id, None)
         if parent is None:
             return
+        aborted = [c for c in parent.children if not c.is_finished]
         for child in parent.children:
             if not child.is_finished:
                 self.scheduler.finish_request(child, FinishReason.ABORT)
             self.runner.sampler.forget(child.request_id)
+        self.log_stats(aborted)
+
+    def log_stats(self, finished: list[Request] | None = None) -> None:
+        """Report gauges outside a step (after aborts), with requests that ended there."""
+        self._log_stats(IterationStats(0, 0, 0, 0, 0, 0.0, 0.0, 0.0), [], finished or [])
+
+    def num_waiting_requests(self) -> int:
+        return len(self.scheduler.waiting)
+
+    @property
+    def kv_capacity_tokens(self) -> int:
+        return self.kv.num_blocks * self.kv.block_size
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.parents)
@@ -183,7 +199,7 @@ class LLMEngine:
             num_generation_tokens=len(sample_reqs), num_batched_tokens=sched.num_batched_tokens,
             num_seqs=len(sched.scheduled), num_preempted=len(sched.preempted),
             schedule_time=t1 - t0, forward_time=t2 - t1, step_time=time.monotonic() - t0),
-            [p for p in touched.values() if p.request_id not in self.parents])
+            [c for p in touched.values() if p.request_id not in self.parents for c in p.children])
         return outputs
 
     def _append(self, req: Request, token: int, logprobs, now: float) -> None:
@@ -241,13 +257,12 @@ class LLMEngine:
             out[token] = Logprob(chosen, None, self.tokenizer.decode([token]))
         return out
 
-    def _log_stats(self, it: IterationStats, finished: list[_Parent]) -> None:
+    def _log_stats(self, it: IterationStats, finished: list[Request], extra: list[Request] = ()) -> None:
         if not self.stat_loggers:
             return
         sched_stats = self.scheduler.stats()
         for lg in self.stat_loggers:
-            lg.record(sched_stats, it, [c for p in finished for c in p.children], self.kv.prefix_stats,
-                      self.kv.pool.num_evictions)
+            lg.record(sched_stats, it, [*finished, *extra], self.kv.prefix_stats, self.kv.pool.num_evictions)
 
     def reset_prefix_cache(self) -> bool:
         return self.kv.reset_prefix_cache()

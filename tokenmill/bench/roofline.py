@@ -1,0 +1,172 @@
+"""Where does the time go, against what the machine can do: the floors of issue "CPU performance".
+
+Measures in one run, with the engine's thread count:
+  peak      large torch.matmul GFLOP/s (the matmul floor) and tensor-copy GB/s (the bandwidth floor)
+  prefill   model FLOP/s during a prefill-only step, as a fraction of the matmul peak (MFU)
+  decode    batch-1 decode: (weight + KV bytes read per token) / step time, as a fraction of copy GB/s
+  overhead  at batch 64 decode: share of step time outside the model forward (scheduling, batch
+            preparation, sampling, detokenization)
+  cold      process start to the first token of the first request (a fresh subprocess)
+
+    python -m tokenmill.bench.roofline [--dtype auto] [--skip-cold-start]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+
+import torch
+
+_COLD = ("import time, sys; t0 = float(sys.argv[1]); from tokenmill import LLM, SamplingParams; "
+         "llm = LLM(dtype=sys.argv[2]); "
+         "o = llm.generate(['Hello'], SamplingParams(max_tokens=1, temperature=0), use_tqdm=False); "
+         "print('FIRST_TOKEN', time.time() - t0)")
+
+
+def best_of(fn, repeats: int = 3) -> float:
+    fn()
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return min(times)
+
+
+def matmul_peak(dtype: torch.dtype, n: int = 2048) -> float:
+    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+    return 2 * n ** 3 / best_of(lambda: a @ b) / 1e9
+
+
+def copy_bandwidth(nbytes: int = 1 << 29) -> float:
+    src = torch.ones(nbytes // 4)
+    dst = torch.empty_like(src)
+    return 2 * nbytes / best_of(lambda: dst.copy_(src)) / 1e9  # read + write
+
+
+def model_flops_per_token(cfg, context: float) -> float:
+    """Matmul FLOPs of one token through the layers (no lm_head) plus attention at `context`."""
+    h, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+    per_layer = 2 * cfg.hidden_size * (h + 2 * kv) + 2 * h * cfg.hidden_size \
+        + 2 * cfg.hidden_size * 3 * cfg.intermediate_size
+    attention = 4 * cfg.num_heads * cfg.head_dim * context
+    return cfg.num_layers * (per_layer + attention)
+
+
+def weight_bytes(model) -> int:
+    embed = model.embed_tokens.weight
+    total = sum(p.numel() * p.element_size() for p in model.parameters())
+    if model.lm_head.weight is not embed:  # untied: the embedding table is not read per token
+        total -= embed.numel() * embed.element_size()
+    return total
+
+
+class _ForwardTimer:
+    def __init__(self, model) -> None:
+        self.model, self.seconds, self._orig = model, 0.0, model.forward
+        model.forward = self._timed
+
+    def _timed(self, *args, **kwargs):
+        t = time.perf_counter()
+        out = self._orig(*args, **kwargs)
+        self.seconds += time.perf_counter() - t
+        return out
+
+
+def measure_prefill(llm, tokens_per_seq: int = 256, num_seqs: int = 4) -> dict:
+    from tokenmill import SamplingParams
+    engine = llm.llm_engine
+    cfg = engine.model_cfg
+    for i in range(num_seqs):
+        engine.add_request(f"p{i}", {"prompt_token_ids": [100 + i] * tokens_per_seq},
+                           SamplingParams(max_tokens=1, temperature=0))
+    engine.reset_prefix_cache()
+    timer = _ForwardTimer(engine.runner.model)
+    engine.step()
+    for i in range(num_seqs):
+        engine.abort_request(f"p{i}")
+    tokens = tokens_per_seq * num_seqs
+    flops = tokens * model_flops_per_token(cfg, tokens_per_seq / 2)
+    return {"tokens": tokens, "seconds": timer.seconds, "gflops": flops / timer.seconds / 1e9}
+
+
+def measure_decode(llm, batch: int, context: int = 256, steps: int = 8) -> dict:
+    from tokenmill import SamplingParams
+    engine = llm.llm_engine
+    ids = [f"d{i}" for i in range(batch)]
+    for i, rid in enumerate(ids):
+        engine.add_request(rid, {"prompt_token_ids": [200 + i % 50] * context + [i]},
+                           SamplingParams(max_tokens=steps + 64, temperature=0, ignore_eos=True))
+    while engine.scheduler.waiting or any(r.num_computed_tokens < r.num_prompt_tokens
+                                          for r in engine.scheduler.running):
+        engine.step()
+    engine.step()
+    timer = _ForwardTimer(engine.runner.model)
+    start = time.perf_counter()
+    for _ in range(steps):
+        engine.step()
+    total = time.perf_counter() - start
+    for rid in ids:
+        engine.abort_request(rid)
+    return {"batch": batch, "step_s": total / steps, "forward_s": timer.seconds / steps,
+            "overhead_share": 1 - timer.seconds / total}
+
+
+def cold_start(dtype: str) -> float:
+    t0 = time.time()
+    out = subprocess.run([sys.executable, "-c", _COLD, str(t0), dtype], capture_output=True, text=True,
+                         check=True)
+    return float(next(line.split()[1] for line in out.stdout.splitlines() if line.startswith("FIRST_TOKEN")))
+
+
+def run(args: argparse.Namespace) -> int:
+    from tokenmill import LLM
+    from tokenmill.bench.offline import machine
+    llm = LLM(dtype=args.dtype, max_num_batched_tokens=1024, enable_prefix_caching=False)
+    engine = llm.llm_engine
+    dtype = engine.dtype
+    res: dict = {"machine": machine(), "date": time.strftime("%Y-%m-%d %H:%M"), "dtype": str(dtype),
+                 "threads": torch.get_num_threads()}
+    res["matmul_peak_gflops"] = matmul_peak(dtype)
+    res["copy_gbps"] = copy_bandwidth()
+    pre = measure_prefill(llm)
+    res["prefill"] = {**pre, "mfu": pre["gflops"] / res["matmul_peak_gflops"]}
+    one = measure_decode(llm, batch=1)
+    ctx = 256 + 4
+    bytes_per_token = weight_bytes(engine.runner.model) + ctx * engine.runner.kv_bytes_per_token
+    res["decode_b1"] = {**one, "bytes_per_token": bytes_per_token,
+                        "gbps": bytes_per_token / one["step_s"] / 1e9,
+                        "bandwidth_util": bytes_per_token / one["step_s"] / 1e9 / res["copy_gbps"]}
+    res["decode_b64"] = measure_decode(llm, batch=64)
+    if not args.skip_cold_start:
+        res["cold_start_s"] = cold_start(args.dtype)
+    print(json.dumps(res, indent=2))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(res, f, indent=2)
+    return 0
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--dtype", default="auto")
+    p.add_argument("--skip-cold-start", action="store_true")
+    p.add_argument("--json", default=None)
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser("roofline", help="prefill MFU, decode bandwidth, overhead, cold start")
+    add_arguments(p)
+    p.set_defaults(func=run)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(p)
+    return run(p.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
