@@ -23,6 +23,8 @@ def _tokenizer_files(folder: Path, vocab_size: int) -> None:
               "Hello world, how are you today? 你好世界 🙂", "one two three four five six seven eight"] * 20
     tok.train_from_iterator(corpus, trainer)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
+    fast.chat_template = ("{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}</s>{% endfor %}"
+                          "{% if add_generation_prompt %}<s>assistant:{% endif %}")
     fast.save_pretrained(folder)
 
 
