@@ -16,6 +16,7 @@ PromptType = str | list[int] | dict
 class LLM:
     def __init__(self, model: str | None = None, **kwargs) -> None:
         self.llm_engine = LLMEngine(EngineConfig(model=model, **kwargs))
+        self.llm_engine.stream_outputs = False  # generate() returns final outputs only
 
     def get_tokenizer(self):
         return self.llm_engine.tokenizer

@@ -62,7 +62,7 @@ class LLMEngine:
         self.dtype = resolve_dtype(config.dtype, self.model_cfg)
         self.runner = ModelRunner(self.model_cfg, str(folder), self.dtype, self.max_model_len,
                                   config.block_size, config.kv_cache_memory_gb, config.attention_backend,
-                                  config.num_kv_blocks)
+                                  config.num_kv_blocks, kv_cache_dtype=config.kv_cache_dtype)
         self.kv = KVCacheManager(self.runner.num_blocks, config.block_size, config.enable_prefix_caching,
                                  extra_key=f"{folder}|{self.dtype}|{config.kv_cache_dtype}")
         self.scheduler = Scheduler(config.scheduler_config(self.max_model_len), self.kv)
@@ -72,6 +72,8 @@ class LLMEngine:
             self.eos_token_id = self.model_cfg.eos_token_ids[0]
         self.parents: dict[str, _Parent] = {}
         self.stat_loggers: list[StatLogger] = []
+        # False: step() returns only finished requests (offline use skips per-step output building)
+        self.stream_outputs = True
         self._ids = itertools.count()
         self.model_name = config.served_model_name or (Path(config.model).stem if config.model
                                                        else "SmolLM2-135M-Instruct")
@@ -190,7 +192,8 @@ class LLMEngine:
         for i, req in enumerate(sample_reqs):
             self._append(req, sampled.token_ids[i], sampled.logprobs[i], t2)
             touched[req.parent_id] = self.parents[req.parent_id]
-        outputs = [self._make_output(p) for p in touched.values()]
+        outputs = [self._make_output(p) for p in touched.values()
+                   if self.stream_outputs or p.finished_children == len(p.children)]
         for p in touched.values():
             if p.finished_children == len(p.children):
                 del self.parents[p.request_id]
