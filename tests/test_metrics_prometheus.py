@@ -87,6 +87,7 @@ def test_prometheus_logger_counters_gauges_histograms():
     assert s["tokenmill:num_preemptions_total"] == 3
     assert s["tokenmill:prompt_tokens_total"] == 60
     assert s["tokenmill:generation_tokens_total"] == 4
+    assert s["tokenmill:engine_busy_seconds_total"] == pytest.approx(0.04)
     assert s["tokenmill:num_requests_running"] == 0 and s["tokenmill:kv_cache_usage_perc"] == 0
     assert s["tokenmill:request_success_total{length}"] == 1 and s["tokenmill:request_success_total{stop}"] == 1
     assert s["tokenmill:time_to_first_token_seconds_count"] == 2

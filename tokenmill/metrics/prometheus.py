@@ -19,7 +19,14 @@ Series (units in the names; counters end in _total):
   counters    tokenmill:prefix_cache_queries_total, tokenmill:prefix_cache_hits_total (tokens),
               tokenmill:kv_cache_evictions_total (blocks), tokenmill:num_preemptions_total,
               tokenmill:prompt_tokens_total (prompt tokens computed, cache hits excluded),
-              tokenmill:generation_tokens_total, tokenmill:request_success_total{finished_reason}
+              tokenmill:generation_tokens_total, tokenmill:request_success_total{finished_reason},
+              tokenmill:engine_busy_seconds_total
+The cost gauge is the cost of a token while the engine is busy (what a fully loaded device would
+pay). What the device really costs at the current traffic, idle time included, is a PromQL away:
+  tokenmill:price_per_hour_usd / 3600 * 1e6 / rate(tokenmill:generation_tokens_total[5m])
+and utilization is rate(tokenmill:engine_busy_seconds_total[5m]): low utilization means paying for
+idle time (consolidate models or shrink the pool); high utilization with growing queue time
+means the SLO is at risk (add capacity).
 """
 from __future__ import annotations
 
@@ -91,6 +98,8 @@ class PrometheusStatLogger:
         self.preemptions = counter("num_preemptions", "Sequences preempted (recomputed later).")
         self.prompt_tokens = counter("prompt_tokens", "Prompt tokens computed (prefix-cache hits excluded).")
         self.gen_tokens = counter("generation_tokens", "Output tokens generated.")
+        self.busy = counter("engine_busy_seconds", "Seconds the engine spent in steps (utilization = "
+                            "rate(tokenmill:engine_busy_seconds_total[5m])).")
         self._success = Counter(PREFIX + "request_success", "Finished sequences by finish reason.",
                                 labels + ["finished_reason"], registry=reg)
         for reason in ("stop", "length"):
@@ -123,6 +132,8 @@ class PrometheusStatLogger:
             self.gen_tokens.inc(it.num_generation_tokens)
         if it.num_batched_tokens:
             self.iter_tokens.observe(it.num_batched_tokens)
+        if it.step_time > 0:
+            self.busy.inc(it.step_time)
         if it.step_time > 0 or it.num_generation_tokens:
             self.cost.add(it.step_time, it.num_generation_tokens)
             self.cost_gauge.set(self.cost.cost_per_million_output_tokens)
