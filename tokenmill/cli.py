@@ -4,24 +4,12 @@ from __future__ import annotations
 import argparse
 import sys
 
+from tokenmill.engine.arg_utils import add_engine_args, engine_kwargs
 
-def add_engine_args(p: argparse.ArgumentParser) -> None:
+
+def add_model_and_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, help="HF model folder or .gguf (default: SmolLM2-135M-Instruct)")
-    p.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32", "float16"])
-    p.add_argument("--max-model-len", type=int, default=None)
-    p.add_argument("--block-size", type=int, default=16)
-    p.add_argument("--kv-cache-memory-gb", type=float, default=None)
-    p.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "int8", "fp8"])
-    p.add_argument("--no-enable-prefix-caching", dest="enable_prefix_caching", action="store_false")
-    p.add_argument("--max-num-batched-tokens", type=int, default=1024)
-    p.add_argument("--max-num-seqs", type=int, default=128)
-    p.add_argument("--seed", type=int, default=0)
-
-
-def engine_kwargs(args: argparse.Namespace) -> dict:
-    keys = ("dtype", "max_model_len", "block_size", "kv_cache_memory_gb", "kv_cache_dtype",
-            "enable_prefix_caching", "max_num_batched_tokens", "max_num_seqs", "seed")
-    return {k: getattr(args, k) for k in keys}
+    add_engine_args(p)
 
 
 def add_sampling_args(p: argparse.ArgumentParser) -> None:
@@ -76,13 +64,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     gen = sub.add_parser("generate", help="generate completions for prompts")
     gen.add_argument("prompts", nargs="+")
-    add_engine_args(gen)
+    add_model_and_engine_args(gen)
     add_sampling_args(gen)
     gen.set_defaults(func=cmd_generate)
 
     chat = sub.add_parser("chat", help="interactive chat with the model's chat template")
     chat.add_argument("--system", default=None)
-    add_engine_args(chat)
+    add_model_and_engine_args(chat)
     add_sampling_args(chat)
     chat.set_defaults(func=cmd_chat)
 

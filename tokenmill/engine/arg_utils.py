@@ -1,0 +1,65 @@
+"""Engine flags shared by every command that builds an engine (serve, generate, chat); names
+follow vLLM's where the concept is the same."""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+from tokenmill.config import ATTENTION_BACKENDS, DTYPES, KV_CACHE_DTYPES, EngineConfig
+
+_ENGINE_DEFAULTS = {f.name: f.default for f in dataclasses.fields(EngineConfig)}
+
+# EngineConfig field -> flag; every one defaults to EngineConfig's own default
+ENGINE_FLAGS = ("dtype", "max_model_len", "block_size", "kv_cache_memory_gb", "num_kv_blocks", "kv_cache_dtype",
+                "enable_prefix_caching", "max_num_batched_tokens", "max_num_seqs",
+                "long_prefill_token_threshold", "attention_backend", "seed", "num_threads", "tokenizer")
+
+
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    value = float(text)
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value
+
+
+def add_engine_args(parser: argparse.ArgumentParser) -> None:
+    d = _ENGINE_DEFAULTS
+    eng = parser.add_argument_group("engine")
+    eng.add_argument("--dtype", choices=DTYPES, default=d["dtype"],
+                     help="weight and activation dtype (default: %(default)s)")
+    eng.add_argument("--max-model-len", type=positive_int, default=d["max_model_len"],
+                     help="context length, prompt + output (default: the model's)")
+    eng.add_argument("--block-size", type=int, default=d["block_size"],
+                     help="tokens per KV cache block (default: %(default)s)")
+    eng.add_argument("--kv-cache-memory-gb", type=float, default=d["kv_cache_memory_gb"],
+                     help="KV cache budget in GiB (default: 10%% of available memory, within [0.25, 4])")
+    eng.add_argument("--num-kv-blocks", type=positive_int, default=d["num_kv_blocks"],
+                     help="number of KV blocks, overriding the memory budget")
+    eng.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default=d["kv_cache_dtype"],
+                     help="KV cache dtype (default: %(default)s)")
+    eng.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
+                     default=d["enable_prefix_caching"], help="reuse KV blocks of shared prefixes (default: on)")
+    eng.add_argument("--max-num-batched-tokens", type=positive_int, default=d["max_num_batched_tokens"],
+                     help="token budget of one engine step (default: %(default)s)")
+    eng.add_argument("--max-num-seqs", type=positive_int, default=d["max_num_seqs"],
+                     help="sequences running at once (default: %(default)s)")
+    eng.add_argument("--long-prefill-token-threshold", type=int, default=d["long_prefill_token_threshold"],
+                     help="cap on one prompt's chunk per step, 0: none (default: %(default)s)")
+    eng.add_argument("--attention-backend", choices=ATTENTION_BACKENDS, default=d["attention_backend"],
+                     help="attention implementation (default: %(default)s)")
+    eng.add_argument("--seed", type=int, default=d["seed"], help="engine random seed (default: %(default)s)")
+    eng.add_argument("--num-threads", type=positive_int, default=d["num_threads"],
+                     help="CPU threads for the model (default: all cores of this process)")
+    eng.add_argument("--tokenizer", default=d["tokenizer"], help="tokenizer folder (default: the model's)")
+
+
+def engine_kwargs(args: argparse.Namespace) -> dict:
+    """EngineConfig keyword arguments from parsed flags (model excluded)."""
+    return {name: getattr(args, name) for name in ENGINE_FLAGS if hasattr(args, name)}
