@@ -133,3 +133,35 @@ def test_prometheus_absent_or_garbage() -> None:
     assert parse_prometheus("other_metric 1\n") == {}
     assert parse_prometheus("<html>not metrics</html>") == {}
     assert server_delta({}, {}) is None
+
+
+def test_prometheus_vllm_prefix_and_new_series() -> None:
+    """vLLM exports the same series under `vllm:`; a series absent from the first scrape (a
+    labelled histogram never observed yet) counts from zero."""
+    text = EXPOSITION.replace("tokenmill:", "vllm:") + (
+        "# TYPE vllm:num_preemptions_total counter\nvllm:num_preemptions_total{model=\"m\"} %s\n"
+        "# TYPE vllm:generation_tokens_total counter\nvllm:generation_tokens_total{model=\"m\"} %s\n")
+    before = parse_prometheus("# TYPE vllm:num_preemptions_total counter\nvllm:num_preemptions_total 1\n")
+    after = parse_prometheus(text % (0.5, 5, 200, 50, 3, 640))
+    d = server_delta(before, after)
+    assert d == {"mean_queue_time_ms": pytest.approx(100.0), "queued_requests": 5,
+                 "prefix_cache_hit_rate": pytest.approx(0.25), "prefix_cache_queries": 200,
+                 "preemptions": 2, "generation_tokens": 640}
+    # ours wins when a server exports both
+    both = parse_prometheus(EXPOSITION % (1.0, 4, 100, 20) + text % (0.5, 5, 200, 50, 3, 640))
+    assert server_delta({}, both)["queued_requests"] == 4
+
+
+def test_ttft_ignores_role_only_chunk() -> None:
+    """A chat stream whose tokens carry no text: TTFT falls back to the chunk that ends the
+    choice, not the role-only opening chunk."""
+    from tokenmill.bench.client import _Stream
+
+    r = RequestResult(0, 10, 3, 0.0)
+    st = _Stream(r, start=100.0)
+    st.feed({"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}, 100.1)
+    st.feed({"choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]}, 100.9)
+    st.feed({"choices": [], "usage": {"prompt_tokens": 10, "completion_tokens": 3}}, 100.95)
+    st.finish(101.0)
+    assert r.success and r.output_tokens == 3 and r.num_chunks == 0
+    assert r.ttft_s == pytest.approx(0.9) and r.e2e_s == pytest.approx(1.0)

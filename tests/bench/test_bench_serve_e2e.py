@@ -80,6 +80,8 @@ def test_sweep_chat_and_compare(fake_server: FakeServer, tmp_path: Path, capsys:
                "--no-ignore-eos", "--model", "fake-model")
     assert rc == 0
     assert all("ignore_eos" not in b and "messages" in b for b in fake_server.state.bodies)
+    prompts = [b["messages"][0]["content"] for b in fake_server.state.bodies]
+    assert not set(prompts[:6]) & set(prompts[6:])  # new text for each rate: no prefix-cache carry-over
     for name in ("sweep.json", "report.md", "latency_cdf.png", "sweep_throughput.png",
                  "sweep_p99_latency.png", "rate_50/results.json", "rate_inf/report.md"):
         assert (out / name).exists(), name

@@ -214,3 +214,29 @@ def test_word_list_is_one_token_per_word_in_smollm2(request: pytest.FixtureReque
     exact = PromptBuilder(tok)
     for r in make_workload("random", 20, 0, exact, {"input_len": "64"}):
         assert len(tok.encode(r.prompt, add_special_tokens=False)) == r.input_len
+
+
+@pytest.mark.parametrize("name", ["random", "chat", "long-short-mix", "reasoning", "shared-prefix"])
+def test_variants_keep_lengths_but_change_text(name: str) -> None:
+    """The runs of a sweep get new prompt text (no prefix-cache carry-over), same lengths."""
+    a = make_workload(name, 40, 3, WORD_BUILDER)
+    b = make_workload(name, 40, 3, WORD_BUILDER, variant=1)
+    assert b == make_workload(name, 40, 3, WORD_BUILDER, variant=1)
+    assert sorted((r.input_len, r.output_len) for r in a) == sorted((r.input_len, r.output_len) for r in b)
+    if name != "shared-prefix":
+        assert [(r.input_len, r.output_len) for r in a] == [(r.input_len, r.output_len) for r in b]
+        assert [len(r.prompt.split()) for r in b] == [r.input_len for r in b]
+    assert not {r.prompt for r in a} & {r.prompt for r in b}
+    assert not {r.prompt[:40] for r in a} & {r.prompt[:40] for r in b}
+
+
+def test_workloads_do_not_share_prompt_text() -> None:
+    """Two workloads from one seed must not repeat each other's prompts (the prefix cache would
+    make the second look faster): their text comes from separate streams."""
+    texts = {}
+    for name in ("random", "chat", "long-short-mix", "reasoning"):
+        texts[name] = {r.prompt[:60] for r in make_workload(name, 50, 0, WORD_BUILDER, {"output_len": "8"})}
+    names = list(texts)
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
+            assert not texts[a] & texts[b], (a, b)

@@ -7,6 +7,15 @@ from dataclasses import dataclass
 
 import torch
 
+from tokenmill.attention.kv_cache import (  # noqa: F401
+    KVCacheSpec,
+    QuantizedKVCacheSpec,
+    gather_blocks,
+    gather_slots,
+    make_kv_cache_spec,
+    write_kv,
+)
+
 
 @dataclass
 class BatchLayout:
@@ -17,19 +26,6 @@ class BatchLayout:
     seq_lens: list[int]            # [B] context length after this step (cached + new)
     block_tables: list[list[int]]  # [B][blocks]
     block_size: int
-
-
-class KVCacheSpec:
-    """Per-layer K/V storage layout, in blocks. Backends that quantize override the dtype logic."""
-
-    def __init__(self, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int,
-                 dtype: torch.dtype) -> None:
-        self.num_blocks, self.block_size = num_blocks, block_size
-        self.num_kv_heads, self.head_dim, self.dtype = num_kv_heads, head_dim, dtype
-
-    def allocate(self) -> tuple[torch.Tensor, ...]:
-        shape = (self.num_blocks * self.block_size, self.num_kv_heads, self.head_dim)
-        return torch.zeros(shape, dtype=self.dtype), torch.zeros(shape, dtype=self.dtype)
 
 
 class AttentionBackend(ABC):
@@ -43,14 +39,9 @@ class AttentionBackend(ABC):
                 kv_cache: tuple[torch.Tensor, ...], meta: object, scale: float) -> torch.Tensor:
         """q: [T, H, D], k/v: [T, Hkv, D] for the new tokens. Writes k/v into kv_cache at the
         layout's slots, then attends each token to its sequence's cached context (causal).
+        kv_cache is (k, v) or, quantized, (k_q, v_q, k_scale, v_scale): use write_kv and
+        gather_blocks / gather_slots from tokenmill.attention.kv_cache, which handle both.
         Returns [T, H, D]."""
-
-
-def write_kv(kv_cache: tuple[torch.Tensor, ...], k: torch.Tensor, v: torch.Tensor,
-             slot_mapping: torch.Tensor) -> None:
-    key_cache, value_cache = kv_cache[0], kv_cache[1]
-    key_cache.index_copy_(0, slot_mapping, k.to(key_cache.dtype))
-    value_cache.index_copy_(0, slot_mapping, v.to(value_cache.dtype))
 
 
 def context_slots(block_table: list[int], seq_len: int, block_size: int) -> torch.Tensor:

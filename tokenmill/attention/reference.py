@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import torch
 
-from tokenmill.attention.backend import AttentionBackend, BatchLayout, context_slots, write_kv
+from tokenmill.attention.backend import AttentionBackend, BatchLayout, context_slots
+from tokenmill.attention.kv_cache import gather_slots, write_kv
 
 
 class ReferenceBackend(AttentionBackend):
@@ -19,8 +20,9 @@ class ReferenceBackend(AttentionBackend):
         for b, seq_len in enumerate(meta.seq_lens):
             start, end = meta.query_start_loc[b], meta.query_start_loc[b + 1]
             slots = context_slots(meta.block_tables[b], seq_len, meta.block_size)
-            keys = kv_cache[0][slots].float().repeat_interleave(groups, dim=1)    # [L, H, D]
-            values = kv_cache[1][slots].float().repeat_interleave(groups, dim=1)
+            keys, values = gather_slots(kv_cache, slots)  # [L, Hkv, D] float32, dequantized
+            keys = keys.repeat_interleave(groups, dim=1)    # [L, H, D]
+            values = values.repeat_interleave(groups, dim=1)
             scores = torch.einsum("qhd,khd->hqk", q[start:end].float(), keys) * scale
             q_pos = torch.arange(seq_len - (end - start), seq_len)
             mask = torch.arange(seq_len)[None, :] > q_pos[:, None]

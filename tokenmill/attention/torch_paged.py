@@ -11,7 +11,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from tokenmill.attention.backend import AttentionBackend, BatchLayout, write_kv
+from tokenmill.attention.backend import AttentionBackend, BatchLayout
+from tokenmill.attention.kv_cache import gather_blocks, write_kv
 
 
 @dataclass
@@ -45,15 +46,13 @@ class TorchPagedBackend(AttentionBackend):
     def forward(self, q, k, v, kv_cache, meta: TorchPagedMetadata, scale: float) -> torch.Tensor:
         write_kv(kv_cache, k, v, meta.slot_mapping)
         num_heads, head_dim = q.shape[1], q.shape[2]
-        # gather whole blocks (one contiguous copy per block, not per token)
-        key_cache = kv_cache[0].view(-1, meta.block_size, *kv_cache[0].shape[1:])
-        value_cache = kv_cache[1].view(-1, meta.block_size, *kv_cache[1].shape[1:])
         q_pad = torch.cat([q, q.new_zeros(1, num_heads, head_dim)])
         out = q.new_empty(q.shape)
         for g in meta.groups:
             qg = q_pad[g.q_index].transpose(1, 2)                       # [B, H, Q, D]
-            kg = key_cache[g.block_table].flatten(1, 2).to(q.dtype).transpose(1, 2)  # [B, Hkv, L, D]
-            vg = value_cache[g.block_table].flatten(1, 2).to(q.dtype).transpose(1, 2)
+            # gather whole blocks (one contiguous copy per block, not per token), dequantized
+            kg, vg = gather_blocks(kv_cache, g.block_table, meta.block_size, q.dtype)
+            kg, vg = kg.transpose(1, 2), vg.transpose(1, 2)                # [B, Hkv, L, D]
             og = F.scaled_dot_product_attention(qg, kg, vg, attn_mask=g.mask, scale=scale,
                                                 enable_gqa=True)
             og = og.transpose(1, 2).reshape(-1, num_heads, head_dim)    # [B*Q, H, D]

@@ -107,6 +107,14 @@ def chunk_error(chunk: dict[str, Any]) -> str | None:
     return f"stream error: {err or chunk.get('message')}"
 
 
+def _carries_output(choice: dict[str, Any]) -> bool:
+    """A choice that reports generation (text or a finish reason), unlike the role-only
+    ``{"delta": {"role": "assistant", "content": ""}}`` chunk chat servers send first."""
+    delta = choice.get("delta") or {}
+    return bool(choice.get("finish_reason") or choice.get("text") or delta.get("content")
+                or delta.get("reasoning_content"))
+
+
 class _Stream:
     """Accumulates the timing of one response stream."""
 
@@ -120,7 +128,7 @@ class _Stream:
     def feed(self, chunk: dict[str, Any], now: float) -> None:
         if chunk.get("usage"):
             self.usage = chunk["usage"]
-        if chunk.get("choices") and self.first_choice is None:
+        if self.first_choice is None and any(_carries_output(c) for c in chunk.get("choices") or []):
             self.first_choice = now
         if not chunk_text(chunk):
             return
@@ -134,14 +142,17 @@ class _Stream:
     def finish(self, now: float) -> None:
         r = self.r
         r.e2e_s = now - self.start
-        if r.ttft_s is None and self.first_choice is not None:
-            r.ttft_s = self.first_choice - self.start  # only empty-text chunks came
         if self.usage is not None:
             r.usage_reported = True
             r.prompt_tokens = self.usage.get("prompt_tokens")
             r.output_tokens = int(self.usage.get("completion_tokens") or 0)
         else:
             r.output_tokens = r.num_chunks
+        if r.ttft_s is None and r.output_tokens > 0:
+            # tokens were generated but no chunk carried text (special or held-back tokens only):
+            # the first chunk that ended a choice stands in (never a role-only opening chunk),
+            # else the end of the stream
+            r.ttft_s = (self.first_choice if self.first_choice is not None else now) - self.start
         if r.output_tokens == 0 or r.ttft_s is None:
             r.error = "stream ended without output tokens"
         else:

@@ -29,9 +29,11 @@ Token counts are the server's ``usage`` numbers (prompt tokens fall back to the 
 expected length when the server gives none).
 
 From the server's Prometheus ``/metrics`` (scraped before and after, differences used), when it
-exports them: mean queue time = d(``tokenmill:request_queue_time_seconds_sum``) /
-d(``..._count``); prefix-cache hit rate = d(``tokenmill:prefix_cache_hits_total``) /
-d(``tokenmill:prefix_cache_queries_total``).
+exports them under the ``tokenmill:`` prefix (or, for vLLM, the same names under ``vllm:``):
+mean queue time = d(``request_queue_time_seconds_sum``) / d(``..._count``); prefix-cache hit
+rate = d(``prefix_cache_hits_total``) / d(``prefix_cache_queries_total``) (in tokens);
+preemptions = d(``num_preemptions_total``); server-side generated tokens =
+d(``generation_tokens_total``).
 """
 
 from __future__ import annotations
@@ -47,11 +49,15 @@ from tokenmill.bench.client import INTERRUPTED, RequestResult
 
 PERCENTILES = (50, 90, 95, 99)
 
-QUEUE_SUM = "tokenmill:request_queue_time_seconds_sum"
-QUEUE_COUNT = "tokenmill:request_queue_time_seconds_count"
-PREFIX_QUERIES = "tokenmill:prefix_cache_queries_total"
-PREFIX_HITS = "tokenmill:prefix_cache_hits_total"
-SERVER_SAMPLES = (QUEUE_SUM, QUEUE_COUNT, PREFIX_QUERIES, PREFIX_HITS)
+# Prometheus sample names, without the server's prefix (ours first; vLLM exports the same names)
+SERVER_PREFIXES = ("tokenmill:", "vllm:")
+QUEUE_SUM = "request_queue_time_seconds_sum"
+QUEUE_COUNT = "request_queue_time_seconds_count"
+PREFIX_QUERIES = "prefix_cache_queries_total"
+PREFIX_HITS = "prefix_cache_hits_total"
+PREEMPTIONS = "num_preemptions_total"
+GENERATION_TOKENS = "generation_tokens_total"
+SERVER_SAMPLES = (QUEUE_SUM, QUEUE_COUNT, PREFIX_QUERIES, PREFIX_HITS, PREEMPTIONS, GENERATION_TOKENS)
 
 
 @dataclass(frozen=True)
@@ -123,16 +129,18 @@ def cost(duration_s: float, price_per_hour: float | None, output_tokens: int, co
 
 
 def parse_prometheus(text: str | None) -> dict[str, float]:
-    """Sum over labels of the tokenmill samples we use; {} if absent or unparsable."""
+    """Sums over labels of the server samples we use, keyed by full name (e.g.
+    ``tokenmill:prefix_cache_hits_total``); {} if absent or unparsable."""
     if not text:
         return {}
     from prometheus_client.parser import text_string_to_metric_families
 
+    wanted = {p + n for p in SERVER_PREFIXES for n in SERVER_SAMPLES}
     sums: dict[str, float] = {}
     try:
         for family in text_string_to_metric_families(text):
             for s in family.samples:
-                if s.name in SERVER_SAMPLES:
+                if s.name in wanted:
                     sums[s.name] = sums.get(s.name, 0.0) + float(s.value)
     except (ValueError, TypeError):
         return {}
@@ -140,8 +148,13 @@ def parse_prometheus(text: str | None) -> dict[str, float]:
 
 
 def server_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float] | None:
-    """Queue time and prefix-cache hit rate over the run, from two scrapes."""
-    d = {k: after[k] - before.get(k, 0.0) for k in after}
+    """Queue time, prefix-cache hit rate, preemptions and generated tokens over the run, from two
+    scrapes (a series missing from the first scrape counts from 0). The first prefix of
+    `SERVER_PREFIXES` with samples in `after` is used."""
+    prefix = next((p for p in SERVER_PREFIXES if any(k.startswith(p) for k in after)), None)
+    if prefix is None:
+        return None
+    d = {k[len(prefix):]: v - before.get(k, 0.0) for k, v in after.items() if k.startswith(prefix)}
     out: dict[str, float] = {}
     if d.get(QUEUE_COUNT, 0) > 0 and QUEUE_SUM in d:
         out["mean_queue_time_ms"] = 1000.0 * d[QUEUE_SUM] / d[QUEUE_COUNT]
@@ -149,6 +162,10 @@ def server_delta(before: dict[str, float], after: dict[str, float]) -> dict[str,
     if d.get(PREFIX_QUERIES, 0) > 0 and PREFIX_HITS in d:
         out["prefix_cache_hit_rate"] = d[PREFIX_HITS] / d[PREFIX_QUERIES]
         out["prefix_cache_queries"] = d[PREFIX_QUERIES]
+    if PREEMPTIONS in d:
+        out["preemptions"] = d[PREEMPTIONS]
+    if GENERATION_TOKENS in d:
+        out["generation_tokens"] = d[GENERATION_TOKENS]
     return out or None
 
 

@@ -65,6 +65,8 @@ def headline_rows(s: dict[str, Any]) -> list[list[Any]]:
             rows.append(["Server mean queue time (ms)", srv["mean_queue_time_ms"]])
         if "prefix_cache_hit_rate" in srv:
             rows.append(["Server prefix-cache hit rate (%)", 100.0 * srv["prefix_cache_hit_rate"]])
+        if "preemptions" in srv:
+            rows.append(["Server preemptions", int(srv["preemptions"])])
     return rows
 
 
@@ -90,7 +92,7 @@ def _shown(v: Any) -> bool:
 
 def meta_markdown(meta: dict[str, Any]) -> str:
     keys = ("date", "host", "base_url", "model", "endpoint", "workload", "workload_opts", "num_requests",
-            "arrivals", "seed", "slo", "price_per_hour", "interrupted")
+            "prompts", "arrivals", "seed", "slo", "price_per_hour", "interrupted")
     lines = [f"- Command: `{meta.get('command', '')}`"]
     lines += [f"- {k}: {meta[k]}" for k in keys if _shown(meta.get(k))]
     return "\n".join(lines)
@@ -249,7 +251,7 @@ COMPARE_KEYS = (
     "total_token_throughput", "goodput.requests_per_s", "goodput.attainment_pct",
     "cost.per_million_output_tokens", "cost.per_request",
     *(f"{k}.{s}" for k, _ in LATENCIES for s in ("mean", "p50", "p90", "p99")),
-    "server.mean_queue_time_ms", "server.prefix_cache_hit_rate",
+    "server.mean_queue_time_ms", "server.prefix_cache_hit_rate", "server.preemptions",
 )
 
 

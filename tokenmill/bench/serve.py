@@ -20,7 +20,7 @@ import platform
 import shlex
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -37,7 +37,7 @@ from tokenmill.bench.client import (
     list_models,
     stream_request,
 )
-from tokenmill.bench.metrics import SLO, parse_prometheus, server_delta, summarize
+from tokenmill.bench.metrics import QUEUE_COUNT, SLO, parse_prometheus, server_delta, summarize
 from tokenmill.bench.report import compare_runs, rate_label, sweep_markdown, write_run, write_sweep
 from tokenmill.bench.workloads import (
     WORKLOADS,
@@ -131,6 +131,11 @@ class Plan:
     out: Path
     progress: bool
     meta: dict[str, Any] = field(default_factory=dict)
+    # the requests of the i-th run of a sweep: same lengths, new prompt text (see make_workload)
+    variant: Callable[[int], list[BenchRequest]] | None = None
+
+    def requests_for(self, index: int) -> list[BenchRequest]:
+        return self.requests if index == 0 or self.variant is None else self.variant(index)
 
 
 def _positive(name: str, value: float | None, allow_zero: bool = False, allow_inf: bool = False) -> None:
@@ -211,12 +216,16 @@ def make_plan(args: argparse.Namespace) -> Plan:
     rates = parse_rates(args, is_trace)
     builder = PromptBuilder(load_tokenizer(args.tokenizer) if args.tokenizer else None)
     requests = make_workload(args.workload, args.num_requests, args.seed, builder, opts)
+
+    def variant(index: int) -> list[BenchRequest]:
+        return make_workload(args.workload, args.num_requests, args.seed, builder, opts, variant=index)
+
     cfg = EndpointConfig(args.base_url, args.model or "", args.endpoint, args.ignore_eos,
                          args.api_key, extra_body(args.extra_body), args.timeout)
     out = Path(args.out or Path("out") / "bench" / datetime.now().strftime("%Y%m%d-%H%M%S"))
     slo = SLO(args.slo_ttft_ms, args.slo_tpot_ms, args.slo_e2e_ms)
     plan = Plan(cfg, requests, rates, args.burstiness, args.max_concurrency, args.seed, slo,
-                args.price_per_hour, out, not args.disable_tqdm)
+                args.price_per_hour, out, not args.disable_tqdm, variant=variant)
     plan.meta = {
         "command": command_line(),
         "date": datetime.now().astimezone().isoformat(timespec="seconds"),
@@ -226,6 +235,7 @@ def make_plan(args: argparse.Namespace) -> Plan:
         "workload": args.workload,
         "workload_opts": opts,
         "num_requests": len(requests),
+        "prompts": "new text for each rate of the sweep, same lengths" if len(rates) > 1 else None,
         "burstiness": args.burstiness,
         "max_concurrency": args.max_concurrency,
         "seed": args.seed,
@@ -248,11 +258,11 @@ class RunState:
     server: dict[str, float] | None = None
 
 
-def offsets_for(plan: Plan, rate: float | None) -> np.ndarray:
+def offsets_for(plan: Plan, requests: list[BenchRequest], rate: float | None) -> np.ndarray:
     if rate is None:
-        return trace_offsets(plan.requests)
+        return trace_offsets(requests)
     rng = np.random.default_rng([plan.seed, 1])  # same draws for every rate of a sweep
-    return arrival_offsets(len(plan.requests), rate, plan.burstiness, rng)
+    return arrival_offsets(len(requests), rate, plan.burstiness, rng)
 
 
 async def _send(
@@ -274,16 +284,17 @@ async def _send(
     pbar.update(1)
 
 
-async def _dispatch(client: httpx.AsyncClient, plan: Plan, offsets: np.ndarray, state: RunState, desc: str) -> None:
+async def _dispatch(client: httpx.AsyncClient, plan: Plan, requests: list[BenchRequest], offsets: np.ndarray,
+                    state: RunState, desc: str) -> None:
     from tqdm import tqdm
 
     sem = asyncio.Semaphore(plan.max_concurrency) if plan.max_concurrency else None
-    pbar = tqdm(total=len(plan.requests), desc=desc, unit="req", disable=not plan.progress)
+    pbar = tqdm(total=len(requests), desc=desc, unit="req", disable=not plan.progress)
     tasks: list[asyncio.Task] = []
     failed = [0]
     t0 = time.perf_counter()
     try:
-        for i, (req, off) in enumerate(zip(plan.requests, offsets)):
+        for i, (req, off) in enumerate(zip(requests, offsets)):
             delay = t0 + float(off) - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
@@ -299,15 +310,32 @@ async def _dispatch(client: httpx.AsyncClient, plan: Plan, offsets: np.ndarray, 
         pbar.close()
 
 
-async def run_rate(plan: Plan, rate: float | None, state: RunState) -> None:
+async def run_rate(plan: Plan, requests: list[BenchRequest], rate: float | None, state: RunState) -> None:
     timeout = httpx.Timeout(plan.cfg.timeout_s, connect=min(plan.cfg.timeout_s, 30.0))
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
     async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
-        before = parse_prometheus(await fetch_metrics(client, plan.cfg.base_url))
+        before_text = await fetch_metrics(client, plan.cfg.base_url)
         desc = "trace replay" if rate is None else f"rate {rate_label(rate)}"
-        await _dispatch(client, plan, offsets_for(plan, rate), state, desc)
-        after = parse_prometheus(await fetch_metrics(client, plan.cfg.base_url))
-        state.server = server_delta(before, after) if before and after else None
+        await _dispatch(client, plan, requests, offsets_for(plan, requests, rate), state, desc)
+        if before_text is not None:  # no /metrics before: no baseline, no deltas
+            state.server = await scrape_after(client, plan.cfg.base_url, parse_prometheus(before_text),
+                                              sum(r.success for r in state.results))
+
+
+async def scrape_after(client: httpx.AsyncClient, base_url: str, before: dict[str, float], completed: int,
+                       settle_s: float = 2.0) -> dict[str, Any] | None:
+    """Server deltas over the run. A server may count a finished request in its histograms a
+    moment after the stream ends, so while the queue-time count lags the completed requests we
+    scrape again, for at most `settle_s`."""
+    deadline = time.perf_counter() + settle_s
+    while True:
+        after = parse_prometheus(await fetch_metrics(client, base_url))
+        delta = server_delta(before, after)
+        has_queue = any(k.endswith(QUEUE_COUNT) for k in after)
+        lagging = has_queue and (delta or {}).get("queued_requests", 0) < completed
+        if not lagging or time.perf_counter() >= deadline:
+            return delta
+        await asyncio.sleep(0.1)
 
 
 async def resolve_model(plan: Plan) -> None:
@@ -320,15 +348,17 @@ async def resolve_model(plan: Plan) -> None:
     plan.meta["model"] = plan.cfg.model
 
 
-def run_one(plan: Plan, rate: float | None) -> tuple[RunState, dict[str, Any], bool]:
-    """One benchmark at one rate; Ctrl-C stops it and keeps what was measured."""
+def run_one(plan: Plan, rate: float | None, index: int = 0) -> tuple[RunState, dict[str, Any], bool]:
+    """One benchmark at one rate (the `index`-th of a sweep); Ctrl-C stops it and keeps what was
+    measured."""
     state = RunState()
     interrupted = False
+    requests = plan.requests_for(index)
     try:
-        asyncio.run(run_rate(plan, rate, state))
+        asyncio.run(run_rate(plan, requests, rate, state))
     except KeyboardInterrupt:
         interrupted = True
-    summary = summarize(state.results, state.duration_s, len(plan.requests), plan.slo,
+    summary = summarize(state.results, state.duration_s, len(requests), plan.slo,
                         plan.price_per_hour, state.server)
     return state, summary, interrupted
 
@@ -354,8 +384,8 @@ def execute(plan: Plan) -> int:
     by_rate: dict[str, list[RequestResult]] = {}
     sweep = len(plan.rates) > 1
     interrupted = False
-    for rate in plan.rates:
-        state, summary, interrupted = run_one(plan, rate)
+    for index, rate in enumerate(plan.rates):
+        state, summary, interrupted = run_one(plan, rate, index)
         out = plan.out / f"rate_{rate_label(rate).replace(',', '')}" if sweep else plan.out
         write_run(out, state.results, summary, run_meta(plan, rate, interrupted))
         rows.append((rate, summary))

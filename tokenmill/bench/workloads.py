@@ -34,6 +34,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -80,12 +81,18 @@ class Tokenizer(Protocol):
 
 
 class PromptBuilder:
-    """Makes prompt text of a given length in tokens."""
+    """Makes prompt text of a given length in tokens.
 
-    def __init__(self, tokenizer: Tokenizer | None = None) -> None:
+    With ``text_rng`` the words are drawn from it instead of the generator each call passes, so a
+    workload keeps its lengths (drawn from that generator) but gets different text.
+    """
+
+    def __init__(self, tokenizer: Tokenizer | None = None, text_rng: np.random.Generator | None = None) -> None:
         self.tokenizer = tokenizer
+        self.text_rng = text_rng
 
     def text(self, n_tokens: int, rng: np.random.Generator) -> str:
+        rng = self.text_rng if self.text_rng is not None else rng
         words = [WORDS[i] for i in rng.integers(0, len(WORDS), size=max(n_tokens, 1))]
         text = " ".join(words[:n_tokens])
         if self.tokenizer is None:
@@ -276,10 +283,21 @@ def make_params(name: str, opts: dict[str, str]) -> Any:
 
 
 def make_workload(
-    name: str, n: int | None, seed: int, builder: PromptBuilder, opts: dict[str, str] | None = None
+    name: str, n: int | None, seed: int, builder: PromptBuilder, opts: dict[str, str] | None = None,
+    variant: int = 0,
 ) -> list[BenchRequest]:
-    """The requests of a named synthetic workload or a JSONL trace file (first n of it)."""
+    """The requests of a named synthetic workload or a JSONL trace file (first n of it).
+
+    Lengths and prompt text come from separate generators, both seeded from ``seed``; the text one
+    also from the workload's name and ``variant``. So two workloads never share prompt text (one
+    stream read at shifted offsets would repeat whole prompts, which a server's prefix cache then
+    hits), and ``variant`` > 0 keeps the lengths (output lengths, timestamps) of variant 0 with new
+    text, so that the runs of a sweep do not hit the prefix cache the previous run filled.
+    (Shared-prefix groups stay shared within a variant; trace lines given as ``text`` stay as they are.)
+    """
     opts = opts or {}
+    text_seed = [seed, 3, variant, zlib.crc32(name.encode("utf-8"))]
+    builder = PromptBuilder(builder.tokenizer, np.random.default_rng(text_seed))
     if name in WORKLOADS:
         params = make_params(name, opts)
         rng = np.random.default_rng([seed, 0])

@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from tokenmill.attention import BatchLayout, get_attention_backend
-from tokenmill.attention.backend import KVCacheSpec
+from tokenmill.attention.kv_cache import KVCacheSpec, make_kv_cache_spec
 from tokenmill.core.scheduler import SchedulerOutput
 from tokenmill.models.loader import build_model
 from tokenmill.models.model_config import ModelConfig
@@ -54,23 +54,26 @@ def kv_budget_bytes(kv_cache_memory_gb: float | None) -> int:
 class ModelRunner:
     def __init__(self, model_cfg: ModelConfig, folder: str, dtype: torch.dtype, max_model_len: int,
                  block_size: int, kv_cache_memory_gb: float | None, attention_backend: str,
-                 num_kv_blocks: int | None = None) -> None:
+                 num_kv_blocks: int | None = None, kv_cache_dtype: str = "auto") -> None:
         self.model_cfg = model_cfg
         self.dtype = dtype
         self.block_size = block_size
+        self.kv_cache_dtype = kv_cache_dtype
         self.model = build_model(model_cfg, folder, dtype, max_model_len)
         self.backend = get_attention_backend(attention_backend)
-        elem = torch.tensor([], dtype=dtype).element_size()
-        bytes_per_block = model_cfg.kv_bytes_per_token(elem) * block_size
-        self.num_blocks = num_kv_blocks or int(kv_budget_bytes(kv_cache_memory_gb) // bytes_per_block)
+        spec = kv_cache_spec(model_cfg, kv_cache_dtype, dtype, block_size)
+        bytes_per_block = spec.bytes_per_block * model_cfg.num_layers  # all layers, scales included
+        self.num_blocks = num_kv_blocks or num_kv_blocks_for_budget(model_cfg, kv_cache_dtype, dtype, block_size,
+                                                                    kv_budget_bytes(kv_cache_memory_gb))
         if self.num_blocks < 1:
             raise ValueError(f"kv_cache_memory_gb={kv_cache_memory_gb} holds no block "
                              f"({bytes_per_block:.0f} bytes per block)")
-        self.kv_bytes_per_token = model_cfg.kv_bytes_per_token(elem)
-        spec = KVCacheSpec(self.num_blocks, block_size, model_cfg.num_kv_heads, model_cfg.head_dim, dtype)
-        self.kv_caches = [spec.allocate() for _ in range(model_cfg.num_layers)]
+        self.kv_bytes_per_token = bytes_per_block / block_size
+        self.kv_spec = spec.with_num_blocks(self.num_blocks)
+        self.kv_caches = [self.kv_spec.allocate() for _ in range(model_cfg.num_layers)]
         self.sampler = Sampler(model_cfg.vocab_size)
-        logger.info("KV cache: %d blocks x %d tokens (%.2f GiB)", self.num_blocks, block_size,
+        logger.info("KV cache (%s): %d blocks x %d tokens, %.0f bytes/token (%.2f GiB)", kv_cache_dtype,
+                    self.num_blocks, block_size, self.kv_bytes_per_token,
                     self.num_blocks * bytes_per_block / (1 << 30))
 
     def _layout(self, out: SchedulerOutput) -> tuple[torch.Tensor, torch.Tensor, BatchLayout, list[int], list[Request]]:
@@ -121,6 +124,20 @@ class ModelRunner:
         """log p(token[i+1] | token[:i+1]) for each position: the basis of perplexity."""
         logp = torch.log_softmax(self.full_logits(token_ids)[:-1], dim=-1)
         return logp.gather(1, torch.tensor(token_ids[1:])[:, None]).squeeze(1)
+
+
+def kv_cache_spec(model_cfg: ModelConfig, kv_cache_dtype: str, dtype: torch.dtype, block_size: int,
+                  num_blocks: int = 1) -> KVCacheSpec:
+    """Per-layer KV storage for `kv_cache_dtype` (auto: the model dtype; int8/fp8: quantized)."""
+    return make_kv_cache_spec(kv_cache_dtype, dtype, block_size, model_cfg.num_kv_heads, model_cfg.head_dim,
+                              num_blocks)
+
+
+def num_kv_blocks_for_budget(model_cfg: ModelConfig, kv_cache_dtype: str, dtype: torch.dtype, block_size: int,
+                             budget_bytes: int) -> int:
+    """How many blocks a KV budget holds (what the runner allocates; scales count against it)."""
+    spec = kv_cache_spec(model_cfg, kv_cache_dtype, dtype, block_size)
+    return int(budget_bytes // (spec.bytes_per_block * model_cfg.num_layers))
 
 
 def set_num_threads(n: int | None) -> None:

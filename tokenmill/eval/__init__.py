@@ -1,0 +1,1 @@
+"""Quality evaluations (perplexity, agreement) that run through the engine."""
