@@ -22,12 +22,12 @@ class Attention(nn.Module):
         self.rope = rope
         self.scale = cfg.head_dim ** -0.5
 
-    def forward(self, x, positions, kv_cache, backend: AttentionBackend, meta) -> torch.Tensor:
+    def forward(self, x, cos_sin, kv_cache, backend: AttentionBackend, meta) -> torch.Tensor:
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(-1, self.num_heads, self.head_dim)
         k = k.view(-1, self.num_kv_heads, self.head_dim)
         v = v.view(-1, self.num_kv_heads, self.head_dim)
-        q, k = self.rope(positions, q, k)
+        q, k = self.rope.apply(q, k, cos_sin)
         out = backend.forward(q, k, v, kv_cache, meta, self.scale)
         return self.o_proj(out.reshape(-1, self.q_size))
 
@@ -40,8 +40,8 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size)
 
-    def forward(self, x, positions, kv_cache, backend, meta) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), positions, kv_cache, backend, meta)
+    def forward(self, x, cos_sin, kv_cache, backend, meta) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos_sin, kv_cache, backend, meta)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -61,8 +61,9 @@ class LlamaForCausalLM(nn.Module):
                 backend: AttentionBackend, meta) -> torch.Tensor:
         """input_ids, positions: [T]. Returns final hidden states [T, hidden]."""
         x = self.embed_tokens(input_ids)
+        cos_sin = self.layers[0].self_attn.rope.cos_sin(positions, x.dtype)
         for layer, kv_cache in zip(self.layers, kv_caches):
-            x = layer(x, positions, kv_cache, backend, meta)
+            x = layer(x, cos_sin, kv_cache, backend, meta)
         return self.norm(x)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
