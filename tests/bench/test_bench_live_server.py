@@ -54,6 +54,7 @@ def test_sweep_against_live_server(live_server: Any, tiny_llama: Path, tmp_path:
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", png
     report = (out / "report.md").read_text()
     assert "Server mean queue time" in report and "Server prefix-cache hit rate" in report
+    assert "| SLO attained (%) | Cost / 1M output tokens |" in report  # sweep table columns
 
     runs = json.loads((out / "sweep.json").read_text())["runs"]
     assert [r["request_rate"] for r in runs] == [4.0, "inf"]

@@ -135,14 +135,17 @@ def write_run(out: Path, results: Sequence[RequestResult], summary: dict[str, An
 
 def sweep_markdown(rows: Sequence[tuple[float, dict[str, Any]]]) -> str:
     header = ["Rate (req/s)", "Completed", "Failed", "Req/s", "Output tok/s", "Goodput (req/s)",
-              "TTFT p50", "TTFT p99", "TPOT p50", "TPOT p99", "E2E p99"]
+              "SLO attained (%)", "Cost / 1M output tokens", "TTFT p50", "TTFT p99", "TPOT p50", "TPOT p99",
+              "E2E p99"]
     body = []
     for rate, s in rows:
         g = s.get("goodput") or {}
+        c = s.get("cost") or {}
         body.append([rate_label(rate), s["completed"], s["failed"], s["request_throughput"],
-                     s["output_throughput"], g.get("requests_per_s"), s["ttft_ms"]["p50"],
-                     s["ttft_ms"]["p99"], s["tpot_ms"]["p50"], s["tpot_ms"]["p99"], s["e2e_ms"]["p99"]])
-    return md_table(header, body) + "\n\n(latencies in ms)"
+                     s["output_throughput"], g.get("requests_per_s"), g.get("attainment_pct"),
+                     c.get("per_million_output_tokens"), s["ttft_ms"]["p50"], s["ttft_ms"]["p99"],
+                     s["tpot_ms"]["p50"], s["tpot_ms"]["p99"], s["e2e_ms"]["p99"]])
+    return md_table(header, body) + "\n\n(latencies in ms; cost at the price per hour given)"
 
 
 def write_sweep(
