@@ -6,7 +6,9 @@ tokenmill/data/alice_ch1_2.txt, scored through the paged cache in chunks of 120 
 boundaries fall mid-block):
   int8: perplexity within +2% of auto, teacher-forced top-1 agreement >= 0.95
   fp8:  perplexity within +5% of auto, teacher-forced top-1 agreement >= 0.90
-Measured 2026-11-29: int8 +0.22% / 0.980, fp8 +1.14% / 0.957."""
+Greedy: the mean fraction of 12 tokens before the first divergence from auto, 2 prompts: int8 >= 0.5,
+fp8 >= 0.25 (loose: free-running greedy decoding amplifies any difference).
+Measured 2026-11-29: int8 +0.22% / 0.980 / greedy 1.0, fp8 +1.14% / 0.957 / greedy 0.83."""
 import math
 
 import pytest

@@ -12,7 +12,9 @@ For each KV dtype (auto = the model dtype, int8, fp8) on the same model and weig
 
     python -m tokenmill.eval.kv_quality [--out docs/benchmarks/kv_quality.md] [--ablation]
 
-`--ablation` adds int8/fp8 with exact float32 scales instead of the 1-byte log8 scale code.
+`--ablation` adds a plain bfloat16 KV cache (how far 2-byte storage alone moves the outputs), and
+int8/fp8 with exact float32 scales instead of the 1-byte log8 scale code. `--kv-dtypes` picks any of
+auto, int8, fp8, bf16, int8/fp32-scale, fp8/fp32-scale (the first is the reference).
 """
 from __future__ import annotations
 
@@ -113,17 +115,24 @@ def perplexity(engine, token_ids: list[int], chunk: int = 256) -> float:
     return math.exp(-chunked_scores(engine, token_ids, chunk)[0].double().mean().item())
 
 
+_PLAIN_KV_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
 def use_kv_cache(engine, kv_cache_dtype: str, scale_format: str = "log8") -> None:
     """Evaluation only: give an idle engine a fresh KV cache of another dtype (or scale format)
     with the same number of blocks, so several KV dtypes can be compared on one loaded model. The
     prefix cache is reset and re-keyed, since cached blocks do not survive the swap."""
-    from tokenmill.attention.kv_cache import make_kv_cache_spec
+    from tokenmill.attention.kv_cache import KVCacheSpec, make_kv_cache_spec
     runner, kv = engine.runner, engine.kv
     if engine.has_unfinished_requests() or kv.pool.num_used_blocks:
         raise RuntimeError("use_kv_cache needs an idle engine")
     cfg = runner.model_cfg
-    spec = make_kv_cache_spec(kv_cache_dtype, runner.dtype, runner.block_size, cfg.num_kv_heads, cfg.head_dim,
-                              runner.num_blocks, scale_format)
+    if kv_cache_dtype in _PLAIN_KV_DTYPES:  # a plain cache in another float dtype (reference points)
+        spec = KVCacheSpec(runner.num_blocks, runner.block_size, cfg.num_kv_heads, cfg.head_dim,
+                           _PLAIN_KV_DTYPES[kv_cache_dtype])
+    else:
+        spec = make_kv_cache_spec(kv_cache_dtype, runner.dtype, runner.block_size, cfg.num_kv_heads, cfg.head_dim,
+                                  runner.num_blocks, scale_format)
     runner.kv_caches = []  # free the old tensors before allocating the new ones
     runner.kv_caches = [spec.allocate() for _ in range(cfg.num_layers)]
     runner.kv_spec, runner.kv_cache_dtype = spec, kv_cache_dtype
@@ -211,7 +220,8 @@ def default_variants(ablation: bool = False) -> list[Variant]:
            Variant("int8", "int8", note="1-byte log8 scale per (token, KV head)"),
            Variant("fp8", "fp8", note="e4m3, 1-byte log8 scale per (token, KV head)")]
     if ablation:
-        out += [Variant("int8/fp32-scale", "int8", "fp32", "fp32 scale per (token, KV head)"),
+        out += [Variant("bf16", "bfloat16", note="plain bfloat16 KV (model float32): the 2-byte reference"),
+                Variant("int8/fp32-scale", "int8", "fp32", "fp32 scale per (token, KV head)"),
                 Variant("fp8/fp32-scale", "fp8", "fp32", "e4m3, fp32 scale per (token, KV head)")]
     return out
 
@@ -243,7 +253,9 @@ def markdown(report: Report, meta: dict) -> str:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, help="HF folder or .gguf (default: SmolLM2-135M-Instruct)")
     p.add_argument("--dtype", default="float32", help="model (weights and activations) dtype")
-    p.add_argument("--kv-dtypes", default="auto,int8,fp8", help="comma-separated; the first is the reference")
+    p.add_argument("--kv-dtypes", default="auto,int8,fp8",
+                   help="comma-separated, from: auto, int8, fp8, bf16, int8/fp32-scale, fp8/fp32-scale; "
+                        "the first is the reference")
     p.add_argument("--ablation", action="store_true", help="add per-token-scale variants")
     p.add_argument("--num-tokens", type=int, default=0, help="score only the first N tokens (0: all)")
     p.add_argument("--num-prompts", type=int, default=20)
@@ -256,8 +268,8 @@ def run(args: argparse.Namespace) -> int:
     from tokenmill.bench.offline import machine
     names = args.kv_dtypes.split(",")
     by_name = {v.name: v for v in default_variants(ablation=True)}
-    variants = [by_name[n] for n in names] + ([by_name["int8/fp32-scale"], by_name["fp8/fp32-scale"]]
-                                              if args.ablation else [])
+    extra = ["bf16", "int8/fp32-scale", "fp8/fp32-scale"] if args.ablation else []
+    variants = [by_name[n] for n in names + [e for e in extra if e not in names]]
     t0 = time.perf_counter()
     report = evaluate(args.model, variants, args.num_tokens, args.num_prompts, args.gen_tokens, args.chunk,
                        args.dtype, log=lambda s: print(s, file=sys.stderr, flush=True))
