@@ -8,7 +8,7 @@ from tokenmill.core.scheduler import SchedulerConfig
 
 DTYPES = ("auto", "bfloat16", "float32", "float16")
 KV_CACHE_DTYPES = ("auto", "int8", "fp8")
-ATTENTION_BACKENDS = ("torch", "reference")
+ATTENTION_BACKENDS = ("auto", "cpu", "torch", "reference")
 
 
 @dataclass
@@ -25,7 +25,7 @@ class EngineConfig:
     max_num_batched_tokens: int = 1024
     max_num_seqs: int = 128
     long_prefill_token_threshold: int = 0
-    attention_backend: str = "torch"
+    attention_backend: str = "auto"  # auto: our C++ decode kernel (cpu) if it builds here, else torch
     seed: int = 0
     num_threads: int | None = None  # None: all cores of this process
     served_model_name: str | None = None

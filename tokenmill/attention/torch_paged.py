@@ -45,19 +45,24 @@ class TorchPagedBackend(AttentionBackend):
 
     def forward(self, q, k, v, kv_cache, meta: TorchPagedMetadata, scale: float) -> torch.Tensor:
         write_kv(kv_cache, k, v, meta.slot_mapping)
-        num_heads, head_dim = q.shape[1], q.shape[2]
-        q_pad = torch.cat([q, q.new_zeros(1, num_heads, head_dim)])
+        q_pad = torch.cat([q, q.new_zeros(1, q.shape[1], q.shape[2])])
         out = q.new_empty(q.shape)
         for g in meta.groups:
-            qg = q_pad[g.q_index].transpose(1, 2)                       # [B, H, Q, D]
-            # gather whole blocks (one contiguous copy per block, not per token), dequantized
-            kg, vg = gather_blocks(kv_cache, g.block_table, meta.block_size, q.dtype)
-            kg, vg = kg.transpose(1, 2), vg.transpose(1, 2)                # [B, Hkv, L, D]
-            og = F.scaled_dot_product_attention(qg, kg, vg, attn_mask=g.mask, scale=scale,
-                                                enable_gqa=True)
-            og = og.transpose(1, 2).reshape(-1, num_heads, head_dim)    # [B*Q, H, D]
-            out.index_copy_(0, g.out_index, og.index_select(0, g.out_valid))
+            attend_group(q_pad, kv_cache, g, meta.block_size, scale, out)
         return out
+
+
+def attend_group(q_pad: torch.Tensor, kv_cache: tuple[torch.Tensor, ...], g: _Group, block_size: int,
+                 scale: float, out: torch.Tensor) -> None:
+    """SDPA over a padded copy of the group's queries and gathered context; writes rows of `out`."""
+    num_heads, head_dim = q_pad.shape[1], q_pad.shape[2]
+    qg = q_pad[g.q_index].transpose(1, 2)                       # [B, H, Q, D]
+    # gather whole blocks (one contiguous copy per block, not per token), dequantized
+    kg, vg = gather_blocks(kv_cache, g.block_table, block_size, q_pad.dtype)
+    kg, vg = kg.transpose(1, 2), vg.transpose(1, 2)                # [B, Hkv, L, D]
+    og = F.scaled_dot_product_attention(qg, kg, vg, attn_mask=g.mask, scale=scale, enable_gqa=True)
+    og = og.transpose(1, 2).reshape(-1, num_heads, head_dim)    # [B*Q, H, D]
+    out.index_copy_(0, g.out_index, og.index_select(0, g.out_valid))
 
 
 def _build_group(layout: BatchLayout, seqs: list[int], q_lens: list[int]) -> _Group:

@@ -1,8 +1,11 @@
 """Dense linear layer with the fastest CPU GEMM we measured.
 
 On this class of machine (2 cores, AVX2) oneDNN's linear runs 1.6-2x faster than F.linear (MKL
-with a transposed weight) at decode batch sizes; see docs/BENCHMARKS.md. Falls back to F.linear
-where the oneDNN op is missing or the dtype/shape is unsupported."""
+with a transposed weight) at decode batch sizes, and 1.1-1.9x faster again once its weight is
+prepacked into oneDNN's blocked layout (no per-call reorder; biggest gain at 8-32 rows); see
+docs/BENCHMARKS.md. `prepack()` is called once after the weights are loaded; it frees the plain copy
+(keeping a shape-only placeholder) unless the weight is shared, e.g. tied to the embedding. Falls
+back to F.linear where the oneDNN op is missing or the dtype/shape is unsupported."""
 from __future__ import annotations
 
 import torch
@@ -32,6 +35,26 @@ class Linear(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.empty(out_features, in_features))
         self.bias = nn.Parameter(torch.zeros(out_features)) if bias else None
+        self.packed: torch.Tensor | None = None  # oneDNN blocked copy of weight (float32 only)
+
+    def prepack(self, free_plain: bool) -> None:
+        if not (_ONEDNN and self.weight.dtype == torch.float32 and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")):
+            return
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach())
+        if free_plain:  # the shape stays visible (parameter counts, byte counts), the memory goes
+            self.weight = nn.Parameter(torch.empty(self.weight.shape, device="meta"), requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.packed is not None and x.dtype == torch.float32 and x.dim() == 2:
+            return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self.packed, self.bias, "none", [], "")
         return linear(x, self.weight, self.bias)
+
+
+def prepack_linears(model: nn.Module) -> None:
+    """Prepack every Linear of a loaded model; shared weights (tied embeddings) keep their plain copy."""
+    counts: dict[int, int] = {}
+    for _, p in model.named_parameters(remove_duplicate=False):
+        counts[id(p)] = counts.get(id(p), 0) + 1
+    for m in model.modules():
+        if isinstance(m, Linear):
+            m.prepack(free_plain=counts[id(m.weight)] == 1)

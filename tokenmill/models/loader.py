@@ -8,6 +8,7 @@ import torch
 from safetensors import safe_open
 from tqdm import tqdm
 
+from tokenmill.models.linear import prepack_linears
 from tokenmill.models.llama import LlamaForCausalLM
 from tokenmill.models.registry import MODEL_CLASSES
 from tokenmill.models.model_config import ModelConfig
@@ -79,4 +80,6 @@ def build_model(cfg: ModelConfig, folder: str | Path, dtype: torch.dtype, max_po
     if cfg.tie_word_embeddings:
         model.lm_head.weight = model.embed_tokens.weight
     load_weights(model, folder, dtype)
-    return model.eval().requires_grad_(False)
+    model = model.eval().requires_grad_(False)
+    prepack_linears(model)
+    return model

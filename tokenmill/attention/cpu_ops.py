@@ -1,0 +1,60 @@
+"""Our C++ CPU kernels (tokenmill/attention/csrc), compiled for this machine at first use.
+
+The build (g++ through torch.utils.cpp_extension, ~30-60 s on 2 cores) happens once per machine and
+source version; later processes load the cached library in well under a second. Without a compiler,
+or with TOKENMILL_CPU_KERNELS=0, `load()` returns False and callers use the pure-PyTorch path."""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from pathlib import Path
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+_SOURCES = [Path(__file__).parent / "csrc" / "paged_decode.cpp"]
+_FLAGS = ["-O3", "-march=native", "-fopenmp", "-fopenmp-simd", "-ffp-contract=fast"]
+_lock = threading.Lock()
+_state: dict[str, bool] = {}
+
+
+def load() -> bool:
+    """Build or load the kernels; True if torch.ops.tokenmill.* are usable."""
+    with _lock:
+        if "ok" not in _state:
+            _state["ok"] = _build()
+        return _state["ok"]
+
+
+def _build() -> bool:
+    if os.environ.get("TOKENMILL_CPU_KERNELS", "1") == "0":
+        return False
+    if hasattr(torch.ops, "tokenmill") and hasattr(torch.ops.tokenmill, "paged_decode"):
+        return True
+    try:
+        from torch.utils import cpp_extension
+        cpp_extension.load(name="tokenmill_cpu_ops", sources=[str(s) for s in _SOURCES], extra_cflags=_FLAGS,
+                           extra_ldflags=["-fopenmp"], is_python_module=False, verbose=False)
+        return hasattr(torch.ops.tokenmill, "paged_decode")
+    except Exception as e:  # no compiler, no ninja, a build error: fall back, say why once
+        logger.warning("tokenmill C++ CPU kernels unavailable (%s: %s); using the PyTorch attention path",
+                       type(e).__name__, str(e).splitlines()[0] if str(e) else "")
+        return False
+
+
+def paged_decode(q: torch.Tensor, kv_cache: tuple[torch.Tensor, ...], block_tables: torch.Tensor,
+                 seq_lens: torch.Tensor, block_size: int, scale: float) -> torch.Tensor:
+    """q [B, H, D] (one query per sequence) attends to its whole cached context. -> [B, H, D] in q's dtype."""
+    k, v = kv_cache[0], kv_cache[1]
+    if len(kv_cache) == 4:
+        k_scale, v_scale = kv_cache[2], kv_cache[3]
+    else:
+        k_scale = v_scale = _EMPTY
+    out = torch.ops.tokenmill.paged_decode(q.float().contiguous(), k, v, k_scale, v_scale, block_tables,
+                                           seq_lens, block_size, scale)
+    return out.to(q.dtype)
+
+
+_EMPTY = torch.empty(0)

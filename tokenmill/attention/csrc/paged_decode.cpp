@@ -1,0 +1,289 @@
+// Paged decode attention on CPU: one query token per sequence, K/V read in place from the paged
+// cache (no gathered copy). Built at first use by tokenmill/attention/cpu_ops.py.
+//
+// Shapes: q [B, H, D] float32; k_cache, v_cache [num_slots, Hkv, D] in float32, bfloat16, int8 or
+// float8_e4m3fn; k_scale, v_scale [num_slots, Hkv] (int8 log8 codes: scale = 2^(code/8), or
+// float32) or empty for a plain cache; block_tables [B, max_blocks] int64; seq_lens [B] int64.
+// Output [B, H, D] float32. One task per (sequence, KV head) serves its GQA group of H/Hkv query
+// heads, so every K/V row is read once per step. Two passes: scores, then softmax-weighted V.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <c10/util/Float8_e4m3fn.h>
+#include <torch/library.h>
+
+#ifdef __AVX2__
+#include <immintrin.h>
+#endif
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+namespace {
+
+template <typename T>
+inline float to_float(T x) { return static_cast<float>(x); }
+
+// e4m3 -> float through a 256-entry table: c10's bit-twiddling conversion does not vectorize.
+struct E4m3Table {
+  float v[256];
+  E4m3Table() {
+    for (int i = 0; i < 256; ++i) v[i] = static_cast<float>(c10::Float8_e4m3fn(static_cast<uint8_t>(i), c10::Float8_e4m3fn::from_bits()));
+  }
+};
+static const E4m3Table kE4m3;
+
+template <>
+inline float to_float(c10::Float8_e4m3fn x) { return kE4m3.v[x.x]; }
+
+inline float scale_of(const void* scales, bool log8, int64_t index) {
+  if (scales == nullptr) return 1.0f;
+  if (log8) return std::exp2(static_cast<const int8_t*>(scales)[index] / 8.0f);
+  return static_cast<const float*>(scales)[index];
+}
+
+#ifdef __AVX2__
+// 8 values of the cache's storage type -> 8 floats
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const at::BFloat16* p) {
+  const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+}
+inline __m256 load8(const int8_t* p) {
+  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+}
+inline __m256 load8(const c10::Float8_e4m3fn* p) {
+  const __m256i idx = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+  return _mm256_i32gather_ps(kE4m3.v, idx, 4);
+}
+inline float hsum(__m256 x) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+template <typename T>
+inline void prefetch_row(const T* p, int64_t D) {
+  const char* c = reinterpret_cast<const char*>(p);
+  for (int64_t off = 0; off < D * int64_t(sizeof(T)); off += 64) _mm_prefetch(c + off, _MM_HINT_T0);
+}
+
+// Scores of G query heads against two K rows at once (2G independent FMA chains hide latency).
+template <int G, typename T>
+inline void scores2(const float* q, const T* k0, const T* k1, int64_t D, float* s0, float* s1) {
+  __m256 a0[G], a1[G];
+  for (int g = 0; g < G; ++g) a0[g] = a1[g] = _mm256_setzero_ps();
+  for (int64_t c = 0; c < D; c += 8) {
+    const __m256 x0 = load8(k0 + c), x1 = load8(k1 + c);
+    for (int g = 0; g < G; ++g) {
+      const __m256 qv = _mm256_loadu_ps(q + g * D + c);
+      a0[g] = _mm256_fmadd_ps(qv, x0, a0[g]);
+      a1[g] = _mm256_fmadd_ps(qv, x1, a1[g]);
+    }
+  }
+  for (int g = 0; g < G; ++g) {
+    s0[g] = hsum(a0[g]);
+    s1[g] = hsum(a1[g]);
+  }
+}
+
+// o[g, c:c+8] += sum over rows r of p[g][r] * v_r[c:c+8], two rows per iteration.
+template <int G, typename T>
+inline void weighted_sum(const float* const* p, const T* const* rows, int64_t n, int64_t D, float* o) {
+  for (int64_t c = 0; c < D; c += 8) {
+    __m256 a0[G], a1[G];
+    for (int g = 0; g < G; ++g) a0[g] = a1[g] = _mm256_setzero_ps();
+    int64_t r = 0;
+    for (; r + 1 < n; r += 2) {
+      if (c == 0 && r + 8 < n) prefetch_row(rows[r + 8], D), prefetch_row(rows[r + 9], D);
+      const __m256 x0 = load8(rows[r] + c), x1 = load8(rows[r + 1] + c);
+      for (int g = 0; g < G; ++g) {
+        a0[g] = _mm256_fmadd_ps(_mm256_set1_ps(p[g][r]), x0, a0[g]);
+        a1[g] = _mm256_fmadd_ps(_mm256_set1_ps(p[g][r + 1]), x1, a1[g]);
+      }
+    }
+    if (r < n) {
+      const __m256 x0 = load8(rows[r] + c);
+      for (int g = 0; g < G; ++g) a0[g] = _mm256_fmadd_ps(_mm256_set1_ps(p[g][r]), x0, a0[g]);
+    }
+    for (int g = 0; g < G; ++g) {
+      float* og = o + g * D + c;
+      _mm256_storeu_ps(og, _mm256_add_ps(_mm256_loadu_ps(og), _mm256_add_ps(a0[g], a1[g])));
+    }
+  }
+}
+#endif
+
+template <typename T>
+inline float dot(const float* q, const T* k, int64_t D) {
+  float acc = 0.f;
+#pragma omp simd reduction(+ : acc)
+  for (int64_t d = 0; d < D; ++d) acc += q[d] * to_float(k[d]);
+  return acc;
+}
+
+// One task: sequence b, one KV head, its G query heads. Scores [G, len] in `scores`.
+// Fast path (AVX2, D % 8 == 0, G in the instantiated set): FG = G; otherwise FG = 0 (portable loops).
+template <int FG, typename T>
+void attend_head(const float* q, const T* k, const T* v, const void* k_scale, const void* v_scale, bool log8,
+                 const int64_t* table, int64_t len, float* out, int64_t G, int64_t Hkv, int64_t h, int64_t D,
+                 int64_t block_size, float scale, std::vector<float>& scores, std::vector<const T*>& rows) {
+  scores.resize(G * len);
+  rows.resize(len);
+  for (int64_t t = 0; t < len; ++t)
+    rows[t] = k + ((table[t / block_size] * block_size + t % block_size) * Hkv + h) * D;
+  auto row_of = [&](int64_t t) { return (table[t / block_size] * block_size + t % block_size) * Hkv + h; };
+  // pass 1: raw scores
+  int64_t t = 0;
+#ifdef __AVX2__
+  if constexpr (FG > 0) {
+    float s0[FG], s1[FG];
+    for (; t + 1 < len; t += 2) {
+      if (t + 8 < len) prefetch_row(rows[t + 8], D), prefetch_row(rows[t + 9], D);
+      scores2<FG>(q, rows[t], rows[t + 1], D, s0, s1);
+      for (int g = 0; g < FG; ++g) {
+        scores[g * len + t] = s0[g];
+        scores[g * len + t + 1] = s1[g];
+      }
+    }
+  }
+#endif
+  for (; t < len; ++t)
+    for (int64_t g = 0; g < G; ++g) scores[g * len + t] = dot(q + g * D, rows[t], D);
+  // scale (and per-row K scales), then softmax per query head in float32, max-subtracted
+  for (int64_t g = 0; g < G; ++g) {
+    float* s = scores.data() + g * len;
+    if (k_scale != nullptr)
+      for (int64_t i = 0; i < len; ++i) s[i] *= scale * scale_of(k_scale, log8, row_of(i));
+    else
+      for (int64_t i = 0; i < len; ++i) s[i] *= scale;
+    float mx = -std::numeric_limits<float>::infinity();
+    for (int64_t i = 0; i < len; ++i) mx = s[i] > mx ? s[i] : mx;
+    float sum = 0.f;
+    for (int64_t i = 0; i < len; ++i) {
+      s[i] = std::exp(s[i] - mx);
+      sum += s[i];
+    }
+    const float inv = 1.f / sum;
+    for (int64_t i = 0; i < len; ++i) s[i] *= inv;
+    if (v_scale != nullptr)  // fold V's per-row scale into the weights
+      for (int64_t i = 0; i < len; ++i) s[i] *= scale_of(v_scale, log8, row_of(i));
+  }
+  // pass 2: out_g = sum_t p[g, t] * v_t
+  for (int64_t i = 0; i < len; ++i) rows[i] = v + row_of(i) * D;
+  std::fill(out, out + G * D, 0.f);
+#ifdef __AVX2__
+  if constexpr (FG > 0) {
+    const float* p[FG];
+    for (int g = 0; g < FG; ++g) p[g] = scores.data() + g * len;
+    weighted_sum<FG>(p, rows.data(), len, D, out);
+    return;
+  }
+#endif
+  for (int64_t i = 0; i < len; ++i)
+    for (int64_t g = 0; g < G; ++g) {
+      const float w = scores[g * len + i];
+      float* o = out + g * D;
+      const T* x = rows[i];
+#pragma omp simd
+      for (int64_t d = 0; d < D; ++d) o[d] += w * to_float(x[d]);
+    }
+}
+
+template <typename T>
+void attend_one(const float* q, const T* k, const T* v, const void* k_scale, const void* v_scale, bool log8,
+                const int64_t* table, int64_t len, float* out, int64_t H, int64_t Hkv, int64_t D,
+                int64_t block_size, float scale, int64_t h0, int64_t h1, std::vector<float>& scores,
+                std::vector<const T*>& rows) {
+  const int64_t G = H / Hkv;
+  const bool fast = D % 8 == 0;
+  for (int64_t h = h0; h < h1; ++h) {
+    const float* qh = q + h * G * D;
+    float* oh = out + h * G * D;
+#define TM_HEAD(FG) attend_head<FG>(qh, k, v, k_scale, v_scale, log8, table, len, oh, G, Hkv, h, D, block_size, scale, scores, rows)
+    if (fast && G == 1) TM_HEAD(1);
+    else if (fast && G == 2) TM_HEAD(2);
+    else if (fast && G == 3) TM_HEAD(3);
+    else if (fast && G == 4) TM_HEAD(4);
+    else if (fast && G == 6) TM_HEAD(6);
+    else if (fast && G == 8) TM_HEAD(8);
+    else TM_HEAD(0);
+#undef TM_HEAD
+  }
+}
+
+template <typename T>
+void decode_kernel(const float* q, const T* k, const T* v, const void* k_scale, const void* v_scale,
+                   bool log8, const int64_t* tables, const int64_t* seq_lens, float* out, int64_t B,
+                   int64_t H, int64_t Hkv, int64_t D, int64_t max_blocks, int64_t block_size,
+                   float scale) {
+  // Whole sequences per task when there are enough of them (contiguous rows); else split KV heads.
+  const int64_t splits = B >= 2 * at::get_num_threads() ? 1 : Hkv;
+  const int64_t per = Hkv / splits;
+  at::parallel_for(0, B * splits, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> scores;
+    std::vector<const T*> rows;
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t b = task / splits, h0 = (task % splits) * per;
+      attend_one(q + b * H * D, k, v, k_scale, v_scale, log8, tables + b * max_blocks, seq_lens[b],
+                 out + b * H * D, H, Hkv, D, block_size, scale, h0, h0 + per, scores, rows);
+    }
+  });
+}
+
+at::Tensor paged_decode(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                        const at::Tensor& k_scale, const at::Tensor& v_scale,
+                        const at::Tensor& block_tables, const at::Tensor& seq_lens, int64_t block_size,
+                        double scale) {
+  TORCH_CHECK(q.dim() == 3 && q.scalar_type() == at::kFloat && q.is_contiguous(), "q: [B, H, D] float32");
+  TORCH_CHECK(k_cache.dim() == 3 && k_cache.is_contiguous() && v_cache.is_contiguous(), "cache: [slots, Hkv, D]");
+  TORCH_CHECK(k_cache.scalar_type() == v_cache.scalar_type(), "k and v cache dtypes differ");
+  TORCH_CHECK(block_tables.scalar_type() == at::kLong && block_tables.is_contiguous(), "block_tables: int64");
+  TORCH_CHECK(seq_lens.scalar_type() == at::kLong && seq_lens.is_contiguous(), "seq_lens: int64");
+  const int64_t B = q.size(0), H = q.size(1), D = q.size(2), Hkv = k_cache.size(1);
+  TORCH_CHECK(k_cache.size(2) == D && H % Hkv == 0, "head shapes do not match");
+  TORCH_CHECK(block_tables.size(0) == B && seq_lens.size(0) == B, "batch sizes do not match");
+  const bool quantized = k_scale.numel() > 0;
+  const bool log8 = quantized && k_scale.scalar_type() == at::kChar;
+  TORCH_CHECK(!quantized || log8 || k_scale.scalar_type() == at::kFloat, "scales: int8 log8 codes or float32");
+  const void* ks = quantized ? k_scale.data_ptr() : nullptr;
+  const void* vs = quantized ? v_scale.data_ptr() : nullptr;
+  auto out = at::empty_like(q);
+  const int64_t max_blocks = block_tables.size(1);
+  const auto* tables = block_tables.data_ptr<int64_t>();
+  const auto* lens = seq_lens.data_ptr<int64_t>();
+  const float s = static_cast<float>(scale);
+  switch (k_cache.scalar_type()) {
+    case at::kFloat:
+      decode_kernel(q.data_ptr<float>(), k_cache.data_ptr<float>(), v_cache.data_ptr<float>(), ks, vs, log8,
+                    tables, lens, out.data_ptr<float>(), B, H, Hkv, D, max_blocks, block_size, s);
+      break;
+    case at::kBFloat16:
+      decode_kernel(q.data_ptr<float>(), k_cache.data_ptr<at::BFloat16>(), v_cache.data_ptr<at::BFloat16>(), ks,
+                    vs, log8, tables, lens, out.data_ptr<float>(), B, H, Hkv, D, max_blocks, block_size, s);
+      break;
+    case at::kChar:
+      decode_kernel(q.data_ptr<float>(), k_cache.data_ptr<int8_t>(), v_cache.data_ptr<int8_t>(), ks, vs, log8,
+                    tables, lens, out.data_ptr<float>(), B, H, Hkv, D, max_blocks, block_size, s);
+      break;
+    case at::kFloat8_e4m3fn:
+      decode_kernel(q.data_ptr<float>(), k_cache.data_ptr<c10::Float8_e4m3fn>(),
+                    v_cache.data_ptr<c10::Float8_e4m3fn>(), ks, vs, log8, tables, lens, out.data_ptr<float>(), B,
+                    H, Hkv, D, max_blocks, block_size, s);
+      break;
+    default:
+      TORCH_CHECK(false, "unsupported KV cache dtype ", k_cache.scalar_type());
+  }
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY(tokenmill, m) {
+  m.def("paged_decode(Tensor q, Tensor k_cache, Tensor v_cache, Tensor k_scale, Tensor v_scale, "
+        "Tensor block_tables, Tensor seq_lens, int block_size, float scale) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(tokenmill, CPU, m) { m.impl("paged_decode", &paged_decode); }
