@@ -41,19 +41,20 @@ def fill_context(cache, layout: BatchLayout, ctx_lens: list[int], hkv: int, d: i
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("kv_dtype", ["auto", "int8", "fp8"])
 @pytest.mark.parametrize("heads,kv_heads,block_size", [(9, 3, 16), (4, 4, 1), (8, 2, 4)])
-@pytest.mark.parametrize("mix", ["decode", "mixed", "prefill"])
+@pytest.mark.parametrize("mix", ["decode", "mixed", "prefill", "long"])
 def test_backend_matches_reference(backend, kv_dtype, heads, kv_heads, block_size, mix):
     rng, gen, d = random.Random(7), torch.Generator().manual_seed(7), 32
     n = 6
-    q_lens = {"decode": [1] * n, "mixed": [1, 5, 1, 17, 1, 2], "prefill": [3, 9, 40, 2, 7, 11]}[mix]
+    q_lens = {"decode": [1] * n, "mixed": [1, 5, 1, 17, 1, 2], "prefill": [3, 9, 40, 2, 7, 11],
+              "long": [300, 1, 270, 1, 2, 257]}[mix]  # long chunks are split into query pieces
     ctx_lens = [rng.choice([0, 1, 15, 16, 33, 70]) for _ in range(n)]
     if mix == "decode":
         ctx_lens = [max(c, 1) for c in ctx_lens]  # a decode always has context
-    layout = make_batch(rng, 200, block_size, q_lens, ctx_lens)
+    layout = make_batch(rng, 1024, block_size, q_lens, ctx_lens)
     t = sum(q_lens)
     q = torch.randn(t, heads, d, generator=gen)
     k, v = torch.randn(t, kv_heads, d, generator=gen), torch.randn(t, kv_heads, d, generator=gen)
-    spec = make_kv_cache_spec(kv_dtype, torch.float32, block_size, kv_heads, d, 200)
+    spec = make_kv_cache_spec(kv_dtype, torch.float32, block_size, kv_heads, d, 1024)
     outs = {}
     for name in ("reference", backend):
         gen_ctx = torch.Generator().manual_seed(11)

@@ -37,9 +37,18 @@ static const E4m3Table kE4m3;
 template <>
 inline float to_float(c10::Float8_e4m3fn x) { return kE4m3.v[x.x]; }
 
+// log8 scale codes -> scales, 2^(code/8), by table (one exp2 per row was a third of the int8 kernel).
+struct Log8Table {
+  float v[256];
+  Log8Table() {
+    for (int i = 0; i < 256; ++i) v[i] = std::exp2(static_cast<int8_t>(static_cast<uint8_t>(i)) / 8.0f);
+  }
+};
+static const Log8Table kLog8;
+
 inline float scale_of(const void* scales, bool log8, int64_t index) {
   if (scales == nullptr) return 1.0f;
-  if (log8) return std::exp2(static_cast<const int8_t*>(scales)[index] / 8.0f);
+  if (log8) return kLog8.v[static_cast<const uint8_t*>(scales)[index]];
   return static_cast<const float*>(scales)[index];
 }
 
@@ -124,39 +133,48 @@ inline float dot(const float* q, const T* k, int64_t D) {
   return acc;
 }
 
-// One task: sequence b, one KV head, its G query heads. Scores [G, len] in `scores`.
-// Fast path (AVX2, D % 8 == 0, G in the instantiated set): FG = G; otherwise FG = 0 (portable loops).
+// One task: one sequence, KV heads [h0, h1) and their G query heads each. Scores [(h - h0) * G + g, len].
+// Pass 1 walks the tokens once for all the task's heads, so each K row (Hkv x D, contiguous) streams
+// through once. Fast path (AVX2, D % 8 == 0, G instantiated): FG = G; else FG = 0 (portable loops).
 template <int FG, typename T>
-void attend_head(const float* q, const T* k, const T* v, const void* k_scale, const void* v_scale, bool log8,
-                 const int64_t* table, int64_t len, float* out, int64_t G, int64_t Hkv, int64_t h, int64_t D,
-                 int64_t block_size, float scale, std::vector<float>& scores, std::vector<const T*>& rows) {
-  scores.resize(G * len);
+void attend_heads(const float* q, const T* k, const T* v, const void* k_scale, const void* v_scale, bool log8,
+                  const int64_t* slots, int64_t len, float* out, int64_t G, int64_t Hkv, int64_t h0, int64_t h1,
+                  int64_t D, float scale, std::vector<float>& scores, std::vector<const T*>& rows) {
+  const int64_t nh = (h1 - h0) * G;
+  scores.resize(nh * len);
   rows.resize(len);
-  for (int64_t t = 0; t < len; ++t)
-    rows[t] = k + ((table[t / block_size] * block_size + t % block_size) * Hkv + h) * D;
-  auto row_of = [&](int64_t t) { return (table[t / block_size] * block_size + t % block_size) * Hkv + h; };
+  auto row_of = [&](int64_t t, int64_t h) { return slots[t] * Hkv + h; };
   // pass 1: raw scores
   int64_t t = 0;
 #ifdef __AVX2__
   if constexpr (FG > 0) {
     float s0[FG], s1[FG];
     for (; t + 1 < len; t += 2) {
-      if (t + 8 < len) prefetch_row(rows[t + 8], D), prefetch_row(rows[t + 9], D);
-      scores2<FG>(q, rows[t], rows[t + 1], D, s0, s1);
-      for (int g = 0; g < FG; ++g) {
-        scores[g * len + t] = s0[g];
-        scores[g * len + t + 1] = s1[g];
+      if (t + 8 < len) {
+        prefetch_row(k + row_of(t + 8, h0) * D, (h1 - h0) * D);
+        prefetch_row(k + row_of(t + 9, h0) * D, (h1 - h0) * D);
+      }
+      for (int64_t h = h0; h < h1; ++h) {
+        scores2<FG>(q + h * G * D, k + row_of(t, h) * D, k + row_of(t + 1, h) * D, D, s0, s1);
+        float* s = scores.data() + (h - h0) * G * len;
+        for (int g = 0; g < FG; ++g) {
+          s[g * len + t] = s0[g];
+          s[g * len + t + 1] = s1[g];
+        }
       }
     }
   }
 #endif
   for (; t < len; ++t)
-    for (int64_t g = 0; g < G; ++g) scores[g * len + t] = dot(q + g * D, rows[t], D);
+    for (int64_t h = h0; h < h1; ++h)
+      for (int64_t g = 0; g < G; ++g)
+        scores[((h - h0) * G + g) * len + t] = dot(q + (h * G + g) * D, k + row_of(t, h) * D, D);
   // scale (and per-row K scales), then softmax per query head in float32, max-subtracted
-  for (int64_t g = 0; g < G; ++g) {
-    float* s = scores.data() + g * len;
+  for (int64_t j = 0; j < nh; ++j) {
+    const int64_t h = h0 + j / G;
+    float* s = scores.data() + j * len;
     if (k_scale != nullptr)
-      for (int64_t i = 0; i < len; ++i) s[i] *= scale * scale_of(k_scale, log8, row_of(i));
+      for (int64_t i = 0; i < len; ++i) s[i] *= scale * scale_of(k_scale, log8, row_of(i, h));
     else
       for (int64_t i = 0; i < len; ++i) s[i] *= scale;
     float mx = -std::numeric_limits<float>::infinity();
@@ -169,49 +187,52 @@ void attend_head(const float* q, const T* k, const T* v, const void* k_scale, co
     const float inv = 1.f / sum;
     for (int64_t i = 0; i < len; ++i) s[i] *= inv;
     if (v_scale != nullptr)  // fold V's per-row scale into the weights
-      for (int64_t i = 0; i < len; ++i) s[i] *= scale_of(v_scale, log8, row_of(i));
+      for (int64_t i = 0; i < len; ++i) s[i] *= scale_of(v_scale, log8, row_of(i, h));
   }
-  // pass 2: out_g = sum_t p[g, t] * v_t
-  for (int64_t i = 0; i < len; ++i) rows[i] = v + row_of(i) * D;
-  std::fill(out, out + G * D, 0.f);
+  // pass 2, per KV head: out_g = sum_t p[g, t] * v_t
+  for (int64_t h = h0; h < h1; ++h) {
+    for (int64_t i = 0; i < len; ++i) rows[i] = v + row_of(i, h) * D;
+    float* o = out + h * G * D;
+    const float* sh = scores.data() + (h - h0) * G * len;
+    std::fill(o, o + G * D, 0.f);
 #ifdef __AVX2__
-  if constexpr (FG > 0) {
-    const float* p[FG];
-    for (int g = 0; g < FG; ++g) p[g] = scores.data() + g * len;
-    weighted_sum<FG>(p, rows.data(), len, D, out);
-    return;
-  }
-#endif
-  for (int64_t i = 0; i < len; ++i)
-    for (int64_t g = 0; g < G; ++g) {
-      const float w = scores[g * len + i];
-      float* o = out + g * D;
-      const T* x = rows[i];
-#pragma omp simd
-      for (int64_t d = 0; d < D; ++d) o[d] += w * to_float(x[d]);
+    if constexpr (FG > 0) {
+      const float* p[FG];
+      for (int g = 0; g < FG; ++g) p[g] = sh + g * len;
+      weighted_sum<FG>(p, rows.data(), len, D, o);
+      continue;
     }
+#endif
+    for (int64_t i = 0; i < len; ++i)
+      for (int64_t g = 0; g < G; ++g) {
+        const float w = sh[g * len + i];
+        const T* x = rows[i];
+        float* og = o + g * D;
+#pragma omp simd
+        for (int64_t d = 0; d < D; ++d) og[d] += w * to_float(x[d]);
+      }
+  }
 }
 
 template <typename T>
 void attend_one(const float* q, const T* k, const T* v, const void* k_scale, const void* v_scale, bool log8,
                 const int64_t* table, int64_t len, float* out, int64_t H, int64_t Hkv, int64_t D,
                 int64_t block_size, float scale, int64_t h0, int64_t h1, std::vector<float>& scores,
-                std::vector<const T*>& rows) {
+                std::vector<const T*>& rows, std::vector<int64_t>& slots) {
   const int64_t G = H / Hkv;
+  slots.resize(len);  // slot of each context token, walked block by block (no division per token)
+  for (int64_t t0 = 0, blk = 0; t0 < len; t0 += block_size, ++blk)
+    for (int64_t i = 0, base = table[blk] * block_size; i < block_size && t0 + i < len; ++i) slots[t0 + i] = base + i;
   const bool fast = D % 8 == 0;
-  for (int64_t h = h0; h < h1; ++h) {
-    const float* qh = q + h * G * D;
-    float* oh = out + h * G * D;
-#define TM_HEAD(FG) attend_head<FG>(qh, k, v, k_scale, v_scale, log8, table, len, oh, G, Hkv, h, D, block_size, scale, scores, rows)
-    if (fast && G == 1) TM_HEAD(1);
-    else if (fast && G == 2) TM_HEAD(2);
-    else if (fast && G == 3) TM_HEAD(3);
-    else if (fast && G == 4) TM_HEAD(4);
-    else if (fast && G == 6) TM_HEAD(6);
-    else if (fast && G == 8) TM_HEAD(8);
-    else TM_HEAD(0);
-#undef TM_HEAD
-  }
+#define TM_HEADS(FG) attend_heads<FG>(q, k, v, k_scale, v_scale, log8, slots.data(), len, out, G, Hkv, h0, h1, D, scale, scores, rows)
+  if (fast && G == 1) TM_HEADS(1);
+  else if (fast && G == 2) TM_HEADS(2);
+  else if (fast && G == 3) TM_HEADS(3);
+  else if (fast && G == 4) TM_HEADS(4);
+  else if (fast && G == 6) TM_HEADS(6);
+  else if (fast && G == 8) TM_HEADS(8);
+  else TM_HEADS(0);
+#undef TM_HEADS
 }
 
 template <typename T>
@@ -225,10 +246,11 @@ void decode_kernel(const float* q, const T* k, const T* v, const void* k_scale, 
   at::parallel_for(0, B * splits, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> scores;
     std::vector<const T*> rows;
+    std::vector<int64_t> slots;
     for (int64_t task = begin; task < end; ++task) {
       const int64_t b = task / splits, h0 = (task % splits) * per;
       attend_one(q + b * H * D, k, v, k_scale, v_scale, log8, tables + b * max_blocks, seq_lens[b],
-                 out + b * H * D, H, Hkv, D, block_size, scale, h0, h0 + per, scores, rows);
+                 out + b * H * D, H, Hkv, D, block_size, scale, h0, h0 + per, scores, rows, slots);
     }
   });
 }
