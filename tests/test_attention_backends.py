@@ -7,7 +7,8 @@ import random
 import pytest
 import torch
 
-from tokenmill.attention import BatchLayout, cpu_ops, get_attention_backend
+from tokenmill.attention import BatchLayout, get_attention_backend
+from tokenmill.kernels import cpu_ops
 from tokenmill.attention.kv_cache import make_kv_cache_spec
 
 BACKENDS = ["torch"] + (["cpu"] if cpu_ops.load() else [])

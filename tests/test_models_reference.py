@@ -20,7 +20,14 @@ TOKENS = [3, 17, 250, 99, 4, 311, 42, 7, 128, 64, 500, 2, 19, 77, 301, 11, 200, 
     ("qwen2", {}),
     ("mistral", {"head_dim": 32}),
 ])
-def test_logits_match_transformers(tmp_path, arch, overrides):
+@pytest.mark.parametrize("kernels", ["on", "off"])
+def test_logits_match_transformers(tmp_path, monkeypatch, arch, overrides, kernels):
+    """kernels=off: the pure-PyTorch path (our C++ kernels disabled, as on a machine without a compiler)."""
+    from tokenmill.kernels import cpu_ops
+    if kernels == "off":
+        monkeypatch.setattr(cpu_ops, "_state", {"ok": False})
+    elif not cpu_ops.load():
+        pytest.skip("C++ kernels unavailable here")
     folder = make_tiny_model(tmp_path, arch, seed=7, **overrides)
     engine = LLMEngine(model=str(folder), dtype="float32", kv_cache_memory_gb=0.01, block_size=4)
     ours = engine.runner.full_logits(TOKENS)

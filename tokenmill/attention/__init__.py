@@ -4,7 +4,7 @@ from tokenmill.attention.backend import AttentionBackend, BatchLayout
 def get_attention_backend(name: str) -> AttentionBackend:
     """auto: our C++ decode kernel if it builds on this machine ("cpu"), else pure PyTorch ("torch")."""
     if name in ("auto", "cpu"):
-        from tokenmill.attention import cpu_ops
+        from tokenmill.kernels import cpu_ops
         if name == "cpu" or cpu_ops.load():
             from tokenmill.attention.cpu_paged import CpuPagedBackend
             return CpuPagedBackend()

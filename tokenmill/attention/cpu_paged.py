@@ -1,5 +1,5 @@
 """CPU paged attention: decodes through our C++ kernel, which reads K/V in place from the paged cache
-(tokenmill/attention/csrc/paged_decode.cpp); prefill chunks through SDPA one sequence at a time.
+(tokenmill/kernels/csrc/paged_decode.cpp); prefill chunks through SDPA one sequence at a time.
 
 Why: the torch backend copies every decode's whole context into a padded [B, L, Hkv, D] tensor per
 layer before SDPA reads it again; at batch 64 x 272 tokens that copy was a third of the step
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from tokenmill.attention import cpu_ops
+from tokenmill.kernels import cpu_ops
 from tokenmill.attention.backend import BatchLayout
 from tokenmill.attention.kv_cache import gather_blocks, is_quantized, write_kv
 from tokenmill.attention.torch_paged import TorchPagedBackend

@@ -7,7 +7,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tokenmill.kernels import cpu_ops
 from tokenmill.models.linear import Linear
+
+
+def _fused(x: torch.Tensor) -> bool:
+    """Our fused C++ ops apply (float32 activations, kernels built); else the PyTorch ops below."""
+    return x.dtype == torch.float32 and x.dim() == 2 and cpu_ops.load()
 
 
 class RMSNorm(nn.Module):
@@ -16,7 +22,20 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        """norm(x); or, given the residual stream, (norm(residual + x), residual + x). The fused path
+        updates x and residual in place (both belong to the caller's layer)."""
+        if residual is None:
+            if _fused(x):
+                return torch.ops.tokenmill.rms_norm(x, self.weight, self.eps)
+            return self._norm(x)
+        if _fused(x) and residual.dtype == torch.float32:
+            torch.ops.tokenmill.fused_add_rms_norm(x, residual, self.weight, self.eps)
+            return x, residual
+        residual = residual + x
+        return self._norm(residual), residual
+
+    def _norm(self, x: torch.Tensor) -> torch.Tensor:
         # float32 statistics as in the HF reference, cast back before the weight multiply
         xf = x.float()
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -55,12 +74,18 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("sin", emb.sin(), persistent=False)
 
     def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """Gathered once per step and shared by every layer: [T, 1, D] each."""
-        return self.cos[positions].unsqueeze(1).to(dtype), self.sin[positions].unsqueeze(1).to(dtype)
+        """Gathered once per step and shared by every layer: [T, D] each."""
+        return self.cos[positions].to(dtype), self.sin[positions].to(dtype)
 
     @staticmethod
     def apply(q: torch.Tensor, k: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tensor]):
+        """q [T, H, D], k [T, Hkv, D]. The fused path rotates them in place (views of the qkv output)."""
         cos, sin = cos_sin
+        if q.dtype == torch.float32 and cpu_ops.load():
+            torch.ops.tokenmill.rotary_(q, cos, sin)
+            torch.ops.tokenmill.rotary_(k, cos, sin)
+            return q, k
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
         return _rotate(q, cos, sin), _rotate(k, cos, sin)
 
 
@@ -80,5 +105,8 @@ class SwiGLU(nn.Module):
         self.intermediate = intermediate
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).split(self.intermediate, dim=-1)
+        gate_up = self.gate_up_proj(x)
+        if _fused(gate_up):
+            return self.down_proj(torch.ops.tokenmill.silu_and_mul(gate_up))
+        gate, up = gate_up.split(self.intermediate, dim=-1)
         return self.down_proj(F.silu(gate) * up)

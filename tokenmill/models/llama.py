@@ -40,9 +40,16 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size)
 
-    def forward(self, x, cos_sin, kv_cache, backend, meta) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos_sin, kv_cache, backend, meta)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(self, x, residual, cos_sin, kv_cache, backend, meta) -> tuple[torch.Tensor, torch.Tensor]:
+        """Returns (this layer's MLP output, the residual stream before it); the next layer (or the
+        final norm) adds them, fused with its RMSNorm."""
+        if residual is None:
+            residual, h = x, self.input_layernorm(x)
+        else:
+            h, residual = self.input_layernorm(x, residual)
+        h = self.self_attn(h, cos_sin, kv_cache, backend, meta)
+        h, residual = self.post_attention_layernorm(h, residual)
+        return self.mlp(h), residual
 
 
 class LlamaForCausalLM(nn.Module):
@@ -62,9 +69,10 @@ class LlamaForCausalLM(nn.Module):
         """input_ids, positions: [T]. Returns final hidden states [T, hidden]."""
         x = self.embed_tokens(input_ids)
         cos_sin = self.layers[0].self_attn.rope.cos_sin(positions, x.dtype)
+        residual = None
         for layer, kv_cache in zip(self.layers, kv_caches):
-            x = layer(x, cos_sin, kv_cache, backend, meta)
-        return self.norm(x)
+            x, residual = layer(x, residual, cos_sin, kv_cache, backend, meta)
+        return self.norm(x, residual)[0]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden).float()

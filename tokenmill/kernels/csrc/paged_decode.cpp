@@ -1,5 +1,5 @@
 // Paged decode attention on CPU: one query token per sequence, K/V read in place from the paged
-// cache (no gathered copy). Built at first use by tokenmill/attention/cpu_ops.py.
+// cache (no gathered copy). Built at first use by tokenmill/kernels/cpu_ops.py.
 //
 // Shapes: q [B, H, D] float32; k_cache, v_cache [num_slots, Hkv, D] in float32, bfloat16, int8 or
 // float8_e4m3fn; k_scale, v_scale [num_slots, Hkv] (int8 log8 codes: scale = 2^(code/8), or
@@ -10,6 +10,8 @@
 #include <ATen/Parallel.h>
 #include <c10/util/Float8_e4m3fn.h>
 #include <torch/library.h>
+
+#include "vec_math.h"
 
 #ifdef __AVX2__
 #include <immintrin.h>
@@ -66,12 +68,6 @@ inline __m256 load8(const c10::Float8_e4m3fn* p) {
   const __m256i idx = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
   return _mm256_i32gather_ps(kE4m3.v, idx, 4);
 }
-inline float hsum(__m256 x) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
 
 template <typename T>
 inline void prefetch_row(const T* p, int64_t D) {
@@ -125,6 +121,31 @@ inline void weighted_sum(const float* const* p, const T* const* rows, int64_t n,
 }
 #endif
 
+
+// In-place softmax of n scores, float32, max-subtracted.
+inline void softmax(float* s, int64_t n) {
+  float mx = -std::numeric_limits<float>::infinity();
+  for (int64_t i = 0; i < n; ++i) mx = s[i] > mx ? s[i] : mx;
+  float sum = 0.f;
+  int64_t i = 0;
+#ifdef __AVX2__
+  const __m256 m = _mm256_set1_ps(mx);
+  __m256 acc = _mm256_setzero_ps();
+  for (; i + 8 <= n; i += 8) {
+    const __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(s + i), m));
+    _mm256_storeu_ps(s + i, e);
+    acc = _mm256_add_ps(acc, e);
+  }
+  sum = hsum(acc);
+#endif
+  for (; i < n; ++i) {
+    s[i] = std::exp(s[i] - mx);
+    sum += s[i];
+  }
+  const float inv = 1.f / sum;
+  for (int64_t j = 0; j < n; ++j) s[j] *= inv;
+}
+
 template <typename T>
 inline float dot(const float* q, const T* k, int64_t D) {
   float acc = 0.f;
@@ -177,15 +198,7 @@ void attend_heads(const float* q, const T* k, const T* v, const void* k_scale, c
       for (int64_t i = 0; i < len; ++i) s[i] *= scale * scale_of(k_scale, log8, row_of(i, h));
     else
       for (int64_t i = 0; i < len; ++i) s[i] *= scale;
-    float mx = -std::numeric_limits<float>::infinity();
-    for (int64_t i = 0; i < len; ++i) mx = s[i] > mx ? s[i] : mx;
-    float sum = 0.f;
-    for (int64_t i = 0; i < len; ++i) {
-      s[i] = std::exp(s[i] - mx);
-      sum += s[i];
-    }
-    const float inv = 1.f / sum;
-    for (int64_t i = 0; i < len; ++i) s[i] *= inv;
+    softmax(s, len);
     if (v_scale != nullptr)  // fold V's per-row scale into the weights
       for (int64_t i = 0; i < len; ++i) s[i] *= scale_of(v_scale, log8, row_of(i, h));
   }

@@ -1,4 +1,4 @@
-"""Our C++ CPU kernels (tokenmill/attention/csrc), compiled for this machine at first use.
+"""Our C++ CPU kernels (tokenmill/kernels/csrc), compiled for this machine at first use.
 
 The build (g++ through torch.utils.cpp_extension, ~30-60 s on 2 cores) happens once per machine and
 source version; later processes load the cached library in well under a second. Without a compiler,
@@ -14,7 +14,7 @@ import torch
 
 logger = logging.getLogger(__name__)
 
-_SOURCES = [Path(__file__).parent / "csrc" / "paged_decode.cpp"]
+_SOURCES = [Path(__file__).parent / "csrc" / name for name in ("paged_decode.cpp", "layer_ops.cpp")]
 _FLAGS = ["-O3", "-march=native", "-fopenmp", "-fopenmp-simd", "-ffp-contract=fast"]
 _lock = threading.Lock()
 _state: dict[str, bool] = {}
@@ -31,17 +31,27 @@ def load() -> bool:
 def _build() -> bool:
     if os.environ.get("TOKENMILL_CPU_KERNELS", "1") == "0":
         return False
-    if hasattr(torch.ops, "tokenmill") and hasattr(torch.ops.tokenmill, "paged_decode"):
+    if _registered():
         return True
     try:
         from torch.utils import cpp_extension
         cpp_extension.load(name="tokenmill_cpu_ops", sources=[str(s) for s in _SOURCES], extra_cflags=_FLAGS,
                            extra_ldflags=["-fopenmp"], is_python_module=False, verbose=False)
-        return hasattr(torch.ops.tokenmill, "paged_decode")
+        return _registered()
     except Exception as e:  # no compiler, no ninja, a build error: fall back, say why once
         logger.warning("tokenmill C++ CPU kernels unavailable (%s: %s); using the PyTorch attention path",
                        type(e).__name__, str(e).splitlines()[0] if str(e) else "")
         return False
+
+
+def _registered() -> bool:
+    try:
+        return all(hasattr(torch.ops.tokenmill, op) for op in _OPS)
+    except (AttributeError, RuntimeError):
+        return False
+
+
+_OPS = ("paged_decode", "fused_add_rms_norm", "rms_norm", "silu_and_mul", "rotary_")
 
 
 def paged_decode(q: torch.Tensor, kv_cache: tuple[torch.Tensor, ...], block_tables: torch.Tensor,
@@ -58,3 +68,8 @@ def paged_decode(q: torch.Tensor, kv_cache: tuple[torch.Tensor, ...], block_tabl
 
 
 _EMPTY = torch.empty(0)
+
+
+def fused_ops_usable(x: torch.Tensor) -> bool:
+    """The fused layer ops (float32 only) apply to this activation tensor."""
+    return x.dtype == torch.float32 and x.dim() == 2 and not x.requires_grad and load()

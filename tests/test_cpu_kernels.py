@@ -1,0 +1,62 @@
+"""Our fused C++ layer ops against the PyTorch formulas they replace (float32; tolerance 1e-5
+relative: same math, different summation order and a polynomial exp with ~2 ulp error)."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tokenmill.kernels import cpu_ops
+
+pytestmark = pytest.mark.skipif(not cpu_ops.load(), reason="C++ kernels unavailable here")
+TOL = dict(atol=1e-5, rtol=1e-5)
+
+
+def ref_norm(x, w, eps):
+    return w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
+
+
+@pytest.mark.parametrize("rows,dim", [(1, 576), (37, 64), (300, 100)])
+def test_rms_norm_and_fused_add(rows, dim):
+    g = torch.Generator().manual_seed(rows)
+    x, res, w = torch.randn(rows, dim, generator=g), torch.randn(rows, dim, generator=g), torch.randn(dim, generator=g)
+    torch.testing.assert_close(torch.ops.tokenmill.rms_norm(x, w, 1e-5), ref_norm(x, w, 1e-5), **TOL)
+    want_res = res + x
+    want = ref_norm(want_res, w, 1e-6)
+    torch.ops.tokenmill.fused_add_rms_norm(x, res, w, 1e-6)
+    torch.testing.assert_close(res, want_res, atol=0, rtol=0)
+    torch.testing.assert_close(x, want, **TOL)
+
+
+@pytest.mark.parametrize("rows,inter", [(1, 1536), (5, 13), (64, 40)])
+def test_silu_and_mul_including_extremes(rows, inter):
+    gu = torch.randn(rows, 2 * inter, generator=torch.Generator().manual_seed(inter)) * 4
+    gu[0, :4] = torch.tensor([-100.0, 100.0, -88.5, 0.0])  # exp over/underflow must not give NaN
+    gate, up = gu.split(inter, dim=-1)
+    out = torch.ops.tokenmill.silu_and_mul(gu)
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out, F.silu(gate) * up, **TOL)
+
+
+def test_rotary_in_place_on_strided_views():
+    t, h, hkv, d = 9, 4, 2, 16
+    qkv = torch.randn(t, (h + 2 * hkv) * d, generator=torch.Generator().manual_seed(1))
+    q, k, _ = qkv.split([h * d, hkv * d, hkv * d], dim=-1)
+    q, k = q.view(t, h, d), k.view(t, hkv, d)
+    angles = torch.rand(t, d // 2) * 6
+    cos, sin = torch.cat([angles.cos()] * 2, -1), torch.cat([angles.sin()] * 2, -1)
+
+    def ref(x):
+        rot = torch.cat([-x[..., d // 2:], x[..., :d // 2]], dim=-1)
+        return x * cos[:, None] + rot * sin[:, None]
+    want_q, want_k, v_before = ref(q.clone()), ref(k.clone()), qkv[:, (h + hkv) * d:].clone()
+    torch.ops.tokenmill.rotary_(q, cos, sin)
+    torch.ops.tokenmill.rotary_(k, cos, sin)
+    torch.testing.assert_close(q, want_q, **TOL)
+    torch.testing.assert_close(k, want_k, **TOL)
+    assert torch.equal(qkv[:, (h + hkv) * d:], v_before)  # v untouched
+
+
+def test_bad_input_is_refused_with_a_message():
+    with pytest.raises(RuntimeError, match="float32"):
+        torch.ops.tokenmill.rms_norm(torch.ones(2, 4, dtype=torch.float64), torch.ones(4), 1e-5)
+    with pytest.raises(RuntimeError, match="weight does not match"):
+        torch.ops.tokenmill.rms_norm(torch.ones(2, 4), torch.ones(5), 1e-5)
