@@ -65,15 +65,20 @@ def weight_bytes(model) -> int:
 
 
 class _ForwardTimer:
-    def __init__(self, model) -> None:
-        self.model, self.seconds, self._orig = model, 0.0, model.forward
-        model.forward = self._timed
+    """Times the model forward: the layers and the lm_head (compute_logits) of the sampled rows."""
 
-    def _timed(self, *args, **kwargs):
-        t = time.perf_counter()
-        out = self._orig(*args, **kwargs)
-        self.seconds += time.perf_counter() - t
-        return out
+    def __init__(self, model) -> None:
+        self.seconds = 0.0
+        for name in ("forward", "compute_logits"):
+            setattr(model, name, self._timed(getattr(model, name)))
+
+    def _timed(self, fn):
+        def timed(*args, **kwargs):
+            t = time.perf_counter()
+            out = fn(*args, **kwargs)
+            self.seconds += time.perf_counter() - t
+            return out
+        return timed
 
 
 def measure_prefill(llm, tokens_per_seq: int = 256, num_seqs: int = 4) -> dict:

@@ -69,6 +69,8 @@ inline __m256 load8(const c10::Float8_e4m3fn* p) {
   return _mm256_i32gather_ps(kE4m3.v, idx, 4);
 }
 
+constexpr int64_t PF = 16;  // prefetch distance in rows (tokens)
+
 template <typename T>
 inline void prefetch_row(const T* p, int64_t D) {
   const char* c = reinterpret_cast<const char*>(p);
@@ -102,7 +104,7 @@ inline void weighted_sum(const float* const* p, const T* const* rows, int64_t n,
     for (int g = 0; g < G; ++g) a0[g] = a1[g] = _mm256_setzero_ps();
     int64_t r = 0;
     for (; r + 1 < n; r += 2) {
-      if (c == 0 && r + 8 < n) prefetch_row(rows[r + 8], D), prefetch_row(rows[r + 9], D);
+      if (c == 0 && r + PF < n) prefetch_row(rows[r + PF], D), prefetch_row(rows[r + PF + 1], D);
       const __m256 x0 = load8(rows[r] + c), x1 = load8(rows[r + 1] + c);
       for (int g = 0; g < G; ++g) {
         a0[g] = _mm256_fmadd_ps(_mm256_set1_ps(p[g][r]), x0, a0[g]);
@@ -171,9 +173,9 @@ void attend_heads(const float* q, const T* k, const T* v, const void* k_scale, c
   if constexpr (FG > 0) {
     float s0[FG], s1[FG];
     for (; t + 1 < len; t += 2) {
-      if (t + 8 < len) {
-        prefetch_row(k + row_of(t + 8, h0) * D, (h1 - h0) * D);
-        prefetch_row(k + row_of(t + 9, h0) * D, (h1 - h0) * D);
+      if (t + PF < len) {
+        prefetch_row(k + row_of(t + PF, h0) * D, (h1 - h0) * D);
+        prefetch_row(k + row_of(t + PF + 1, h0) * D, (h1 - h0) * D);
       }
       for (int64_t h = h0; h < h1; ++h) {
         scores2<FG>(q + h * G * D, k + row_of(t, h) * D, k + row_of(t + 1, h) * D, D, s0, s1);
