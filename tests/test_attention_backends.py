@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from tokenmill.attention import BatchLayout, get_attention_backend
-from tokenmill.kernels import cpu_ops
 from tokenmill.attention.kv_cache import make_kv_cache_spec
+from tokenmill.kernels import cpu_ops
 
 BACKENDS = ["torch"] + (["cpu"] if cpu_ops.load() else [])
 

@@ -5,8 +5,8 @@ summation order only). bfloat16: greedy next-token agreement >= 90% on random we
 import pytest
 import torch
 import transformers
-
 from tiny_models import make_tiny_model
+
 from tokenmill.engine.engine import LLMEngine
 
 TOKENS = [3, 17, 250, 99, 4, 311, 42, 7, 128, 64, 500, 2, 19, 77, 301, 11, 200, 150, 90, 33]

@@ -14,10 +14,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from tokenmill.kernels import cpu_ops
-from tokenmill.attention.backend import BatchLayout
+from tokenmill.attention.backend import AttentionBackend, BatchLayout
 from tokenmill.attention.kv_cache import gather_blocks, is_quantized, write_kv
-from tokenmill.attention.torch_paged import TorchPagedBackend
+from tokenmill.kernels import cpu_ops
 
 # Query pieces for chunks longer than this (measured best on 2 cores: 512x512 causal 12.4 -> 9.0 ms)
 PIECE = 128
@@ -56,7 +55,7 @@ class CpuPagedMetadata:
     prefills: list[_Prefill]
 
 
-class CpuPagedBackend(TorchPagedBackend):
+class CpuPagedBackend(AttentionBackend):
     name = "cpu"
 
     def __init__(self) -> None:

@@ -25,9 +25,8 @@ for per-token scales, int8 on SmolLM2; see docs/benchmarks/prefix_and_kv_quant.m
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-
 import math
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch

@@ -15,8 +15,14 @@ from tokenmill.core.scheduler import Scheduler
 from tokenmill.engine.detokenizer import DetokState, IncrementalDetokenizer
 from tokenmill.engine.stats import IterationStats, StatLogger
 from tokenmill.models.model_config import load_model_config
-from tokenmill.request import (CompletionOutput, FinishReason, Logprob, Request, RequestMetrics,
-                               RequestOutput, RequestStatus)
+from tokenmill.request import (
+    CompletionOutput,
+    FinishReason,
+    Logprob,
+    Request,
+    RequestMetrics,
+    RequestOutput,
+)
 from tokenmill.sampling_params import SamplingParams
 from tokenmill.worker.model_runner import ModelRunner, resolve_dtype, set_num_threads
 

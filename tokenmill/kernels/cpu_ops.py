@@ -5,6 +5,7 @@ source version; later processes load the cached library in well under a second. 
 or with TOKENMILL_CPU_KERNELS=0, `load()` returns False and callers use the pure-PyTorch path."""
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import threading
@@ -35,13 +36,25 @@ def _build() -> bool:
         return True
     try:
         from torch.utils import cpp_extension
-        cpp_extension.load(name="tokenmill_cpu_ops", sources=[str(s) for s in _SOURCES], extra_cflags=_FLAGS,
-                           extra_ldflags=["-fopenmp"], is_python_module=False, verbose=False)
+        cpp_extension.load(name=f"tokenmill_cpu_ops_{_cpu_tag()}", sources=[str(s) for s in _SOURCES],
+                           extra_cflags=_FLAGS, extra_ldflags=["-fopenmp"], is_python_module=False, verbose=False)
         return _registered()
     except Exception as e:  # no compiler, no ninja, a build error: fall back, say why once
         logger.warning("tokenmill C++ CPU kernels unavailable (%s: %s); using the PyTorch attention path",
                        type(e).__name__, str(e).splitlines()[0] if str(e) else "")
         return False
+
+
+def _cpu_tag() -> str:
+    """-march=native code must not be reused on another CPU (a shared home directory, a migrated
+    VM): the build cache is keyed by this machine's CPU model and flags."""
+    info = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            info = "".join(line for line in f if line.startswith(("model name", "flags")))
+    except OSError:
+        pass
+    return hashlib.sha256(info.encode()).hexdigest()[:10]
 
 
 def _registered() -> bool:

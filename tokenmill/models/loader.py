@@ -10,8 +10,8 @@ from tqdm import tqdm
 
 from tokenmill.models.linear import prepack_linears
 from tokenmill.models.llama import LlamaForCausalLM
-from tokenmill.models.registry import MODEL_CLASSES
 from tokenmill.models.model_config import ModelConfig
+from tokenmill.models.registry import MODEL_CLASSES
 
 # HF name (within a layer) -> (our parameter, shard index within the fused tensor)
 _FUSED = {

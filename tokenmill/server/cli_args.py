@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 
 from tokenmill.config import EngineConfig
-from tokenmill.engine.arg_utils import non_negative_float, positive_int, add_engine_args, engine_kwargs
+from tokenmill.engine.arg_utils import add_engine_args, engine_kwargs, non_negative_float, positive_int
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8000
