@@ -125,7 +125,10 @@ def test_ctrl_c_writes_partial_results(fake_server: FakeServer, tmp_path: Path) 
            "--out", str(out), "--disable-tqdm", "--input-len", "4", "--output-len", "10",
            "--num-requests", "40", "--request-rate", "10"]
     env = {**os.environ, "PYTHONPATH": str(repo) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    proc = subprocess.Popen(cmd, cwd=repo, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # A child started from a background job inherits SIGINT ignored (then Python installs no
+    # KeyboardInterrupt handler); restore the default so Ctrl-C is what the bench sees.
+    proc = subprocess.Popen(cmd, cwd=repo, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         deadline = time.monotonic() + 60
         while fake_server.state.count < 3 and time.monotonic() < deadline and proc.poll() is None:
