@@ -60,3 +60,14 @@ def test_bad_input_is_refused_with_a_message():
         torch.ops.tokenmill.rms_norm(torch.ones(2, 4, dtype=torch.float64), torch.ones(4), 1e-5)
     with pytest.raises(RuntimeError, match="weight does not match"):
         torch.ops.tokenmill.rms_norm(torch.ones(2, 4), torch.ones(5), 1e-5)
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 4])
+@pytest.mark.parametrize("k", [576, 37])  # a multiple of 16 and a ragged tail
+def test_skinny_linear_matches_matmul(rows, k):
+    g = torch.Generator().manual_seed(rows * k)
+    x, w, b = torch.randn(rows, k, generator=g), torch.randn(300, k, generator=g), torch.randn(300, generator=g)
+    torch.testing.assert_close(torch.ops.tokenmill.skinny_linear(x, w, b), x @ w.t() + b, atol=1e-4, rtol=1e-5)
+    torch.testing.assert_close(torch.ops.tokenmill.skinny_linear(x, w, None), x @ w.t(), atol=1e-4, rtol=1e-5)
+    with pytest.raises(RuntimeError, match="1 to 4 rows"):
+        torch.ops.tokenmill.skinny_linear(torch.randn(5, k), w, None)
