@@ -24,6 +24,9 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 
+from tokenmill.bench.metrics import percentile
+from tokenmill.bench.offline import Result
+
 
 @dataclass
 class Workload:
@@ -49,45 +52,15 @@ def make_workload(num_requests: int, vocab_size: int, prefix_len: int = 400, suf
 
 
 @dataclass
-class RunResult:
+class RunResult(Result):
+    """One run of the workload (throughput properties and summary() from the offline Result)."""
     prefix_caching: bool
-    seconds: float
-    num_requests: int
-    prompt_tokens: int
-    output_tokens: int
     ttft_p50: float
     ttft_p99: float
     ttft_mean: float
     cached_prompt_tokens: int
     num_preemptions: int
     num_kv_blocks: int
-
-    @property
-    def output_tokens_per_s(self) -> float:
-        return self.output_tokens / self.seconds
-
-    @property
-    def total_tokens_per_s(self) -> float:
-        return (self.prompt_tokens + self.output_tokens) / self.seconds
-
-    @property
-    def requests_per_s(self) -> float:
-        return self.num_requests / self.seconds
-
-    def summary(self) -> dict:
-        return {**asdict(self), "output_tokens_per_s": self.output_tokens_per_s,
-                "total_tokens_per_s": self.total_tokens_per_s, "requests_per_s": self.requests_per_s}
-
-
-def percentile(values: list[float], q: float) -> float:
-    """Linear interpolation between closest ranks (numpy's default)."""
-    xs = sorted(values)
-    if not xs:
-        return float("nan")
-    pos = (len(xs) - 1) * q / 100
-    lo = int(pos)
-    hi = min(lo + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
 
 
 def run_engine(wl: Workload, prefix_caching: bool, engine_kwargs: dict, log=print) -> RunResult:
@@ -112,8 +85,8 @@ def run_engine(wl: Workload, prefix_caching: bool, engine_kwargs: dict, log=prin
     ttfts = [o.metrics.first_token_time - o.metrics.arrival_time for o in outs.values()]
     produced = sum(len(o.outputs[0].token_ids) for o in outs.values())
     assert produced == wl.output_len * len(wl.suffixes), "wrong number of output tokens"
-    r = RunResult(prefix_caching, seconds, len(outs), sum(map(len, wl.prompts)), produced,
-                  percentile(ttfts, 50), percentile(ttfts, 99), sum(ttfts) / len(ttfts),
+    r = RunResult(f"caching {'on' if prefix_caching else 'off'}", seconds, len(outs), sum(map(len, wl.prompts)),
+                  produced, prefix_caching, percentile(ttfts, 50), percentile(ttfts, 99), sum(ttfts) / len(ttfts),
                   sum(o.num_cached_tokens for o in outs.values()), engine.scheduler.num_preemptions - preempt0,
                   engine.kv.num_blocks)
     log(f"prefix caching {'on' if prefix_caching else 'off'}: {seconds:.1f}s, {r.output_tokens_per_s:.1f} out tok/s, "
