@@ -62,12 +62,32 @@ def test_bad_input_is_refused_with_a_message():
         torch.ops.tokenmill.rms_norm(torch.ones(2, 4), torch.ones(5), 1e-5)
 
 
-@pytest.mark.parametrize("rows", [1, 2, 3, 4])
+@pytest.mark.parametrize("rows", [1, 2, 3, 5, 8, 13, 97, 200])
 @pytest.mark.parametrize("k", [576, 37])  # a multiple of 16 and a ragged tail
-def test_skinny_linear_matches_matmul(rows, k):
+def test_panel_linear_matches_matmul(rows, k):
+    """Every row-block size (1-6), several 96-row chunks, and a ragged last panel (300 = 18*16 + 12)."""
     g = torch.Generator().manual_seed(rows * k)
     x, w, b = torch.randn(rows, k, generator=g), torch.randn(300, k, generator=g), torch.randn(300, generator=g)
-    torch.testing.assert_close(torch.ops.tokenmill.skinny_linear(x, w, b), x @ w.t() + b, atol=1e-4, rtol=1e-5)
-    torch.testing.assert_close(torch.ops.tokenmill.skinny_linear(x, w, None), x @ w.t(), atol=1e-4, rtol=1e-5)
-    with pytest.raises(RuntimeError, match="1 to 4 rows"):
-        torch.ops.tokenmill.skinny_linear(torch.randn(5, k), w, None)
+    packed = torch.ops.tokenmill.pack_panels(w)
+    assert packed.shape == (19, k, 16)
+    torch.testing.assert_close(torch.ops.tokenmill.panel_linear(x, packed, 300, b), x @ w.t() + b, atol=1e-4, rtol=1e-5)
+    torch.testing.assert_close(torch.ops.tokenmill.panel_linear(x, packed, 300, None), x @ w.t(), atol=1e-4, rtol=1e-5)
+    assert torch.ops.tokenmill.panel_linear(x[:0], packed, 300, None).shape == (0, 300)
+    with pytest.raises(RuntimeError, match="does not hold N columns"):
+        torch.ops.tokenmill.panel_linear(x, packed, 200, None)
+    with pytest.raises(RuntimeError, match="x \\[M, K\\]"):
+        torch.ops.tokenmill.panel_linear(torch.randn(rows, k + 1), packed, 300, None)
+
+
+def test_linear_module_packs_and_matches_reference():
+    from tokenmill.models.linear import Linear
+    g = torch.Generator().manual_seed(0)
+    lin = Linear(40, 70, bias=True)
+    with torch.no_grad():
+        lin.weight.copy_(torch.randn(70, 40, generator=g))
+        lin.bias.copy_(torch.randn(70, generator=g))
+    w, b = lin.weight.detach().clone(), lin.bias.detach().clone()
+    lin.prepack(free_plain=True)
+    assert lin.panels is not None and lin.weight.is_meta and lin.weight.shape == (70, 40)
+    x = torch.randn(9, 40, generator=g)
+    torch.testing.assert_close(lin(x), x @ w.t() + b, atol=1e-4, rtol=1e-5)

@@ -2,8 +2,8 @@
 
   attention  decode attention per layer, batch 64 x ~262 context, 9 query / 3 KV heads, D=64:
              torch.ops.tokenmill.paged_decode vs gather_blocks + SDPA, for auto/int8/fp8 caches
-  skinny     30 distinct 3072x576 fp32 weights, 1-4 rows: skinny_linear vs oneDNN with a prepacked
-             weight, in GB/s of weight streamed
+  gemm       the default model's linear shapes, 30 distinct fp32 weights each, 1-1024 rows:
+             panel_linear vs oneDNN with a prepacked weight (GFLOP/s; GB/s of weight at 1-8 rows)
 
     python -m tokenmill.bench.kernels [--threads 2]
 """
@@ -49,16 +49,26 @@ def attention(batch: int = 64, heads: int = 9, kv_heads: int = 3, d: int = 64, b
         print(f"attention {kvd:>4}: paged_decode {ours:.2f} ms, gather+SDPA {_ms(gathered):.2f} ms (max diff {err:.1e})")
 
 
-def skinny(n: int = 3072, k: int = 576, layers: int = 30) -> None:
-    ws = [torch.randn(n, k) for _ in range(layers)]
-    packed = [torch.ops.mkldnn._reorder_linear_weight(w) for w in ws]
-    for m in (1, 2, 4):
-        x = torch.randn(m, k)
-        fns = {"oneDNN packed": lambda i: torch.ops.mkldnn._linear_pointwise(x, packed[i], None, "none", [], ""),
-               "skinny_linear": lambda i: torch.ops.tokenmill.skinny_linear(x, ws[i], None)}
-        rates = {name: n * k * 4 / (_ms(lambda: [fn(i) for i in range(layers)], 5) / 1e3 / layers) / 1e9
-                 for name, fn in fns.items()}
-        print(f"skinny M={m}: " + ", ".join(f"{name} {gbps:.1f} GB/s" for name, gbps in rates.items()))
+GEMM_SHAPES = ((3072, 576), (576, 1536), (960, 576))  # gate_up, down, qkv of the default model
+GEMM_ROWS = (1, 2, 4, 8, 16, 32, 64, 128, 1024)
+
+
+def gemm(layers: int = 30) -> None:
+    """panel_linear vs oneDNN with a prepacked weight, 30 distinct weights per shape (so they stream
+    from memory as in a real forward), best of 3; GFLOP/s, and the weight's GB/s at 1-8 rows."""
+    for n, k in GEMM_SHAPES:
+        ws = [torch.randn(n, k) for _ in range(layers)]
+        panels = [torch.ops.tokenmill.pack_panels(w) for w in ws]
+        onednn = [torch.ops.mkldnn._reorder_linear_weight(w) for w in ws]
+        for m in GEMM_ROWS:
+            x = torch.randn(m, k)
+            fns = {"panel_linear": lambda i: torch.ops.tokenmill.panel_linear(x, panels[i], n, None),
+                   "oneDNN packed": lambda i: torch.ops.mkldnn._linear_pointwise(x, onednn[i], None, "none", [], "")}
+            secs = {name: min(_ms(lambda: [fn(i) for i in range(layers)], 2 if m > 128 else 5) for _ in range(3))
+                    / 1e3 / layers for name, fn in fns.items()}
+            rates = ", ".join(f"{name} {2 * m * n * k / s / 1e9:5.1f} GFLOP/s"
+                              + (f" ({n * k * 4 / s / 1e9:4.1f} GB/s)" if m <= 8 else "") for name, s in secs.items())
+            print(f"gemm {n}x{k} M={m:>4}: {rates}; ratio {secs['oneDNN packed'] / secs['panel_linear']:.2f}x")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -72,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     attention()
-    skinny()
+    gemm()
     return 0
 
 

@@ -15,7 +15,7 @@ import torch
 
 logger = logging.getLogger(__name__)
 
-_SOURCES = [Path(__file__).parent / "csrc" / name for name in ("paged_decode.cpp", "layer_ops.cpp", "gemv.cpp")]
+_SOURCES = [Path(__file__).parent / "csrc" / name for name in ("paged_decode.cpp", "layer_ops.cpp", "panel_gemm.cpp")]
 _FLAGS = ["-O3", "-march=native", "-fopenmp", "-fopenmp-simd", "-ffp-contract=fast"]
 _lock = threading.Lock()
 _state: dict[str, bool] = {}
@@ -64,7 +64,8 @@ def _registered() -> bool:
         return False
 
 
-_OPS = ("paged_decode", "fused_add_rms_norm", "rms_norm", "silu_and_mul", "rotary_", "skinny_linear")
+_OPS = ("paged_decode", "fused_add_rms_norm", "rms_norm", "silu_and_mul", "rotary_", "pack_panels",
+        "panel_linear")
 
 
 def paged_decode(q: torch.Tensor, kv_cache: tuple[torch.Tensor, ...], block_tables: torch.Tensor,
