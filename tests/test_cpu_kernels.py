@@ -91,3 +91,22 @@ def test_linear_module_packs_and_matches_reference():
     assert lin.panels is not None and lin.weight.is_meta and lin.weight.shape == (70, 40)
     x = torch.randn(9, 40, generator=g)
     torch.testing.assert_close(lin(x), x @ w.t() + b, atol=1e-4, rtol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_store_kv_matches_index_copy(dtype):
+    """Strided k/v (slices of a fused qkv output, as in the model) land at their slots, nothing else moves."""
+    g = torch.Generator().manual_seed(1)
+    qkv = torch.randn(5, 9 * 64 + 2 * 3 * 64, generator=g).to(dtype)
+    k = qkv[:, 576:768].view(5, 3, 64)
+    v = qkv[:, 768:].view(5, 3, 64)
+    assert not k.is_contiguous()
+    slots = torch.tensor([7, 0, 31, 8, 15])
+    caches = [torch.randn(32, 3, 64, generator=g).to(dtype) for _ in range(2)]
+    expect = [c.clone().index_copy_(0, slots, x) for c, x in zip(caches, (k, v))]
+    torch.ops.tokenmill.store_kv(caches[0], caches[1], k, v, slots)
+    assert torch.equal(caches[0], expect[0]) and torch.equal(caches[1], expect[1])
+    with pytest.raises(RuntimeError, match="outside the cache"):
+        torch.ops.tokenmill.store_kv(caches[0], caches[1], k, v, torch.tensor([0, 1, 2, 3, 32]))
+    with pytest.raises(RuntimeError, match="cache's dtype"):
+        torch.ops.tokenmill.store_kv(caches[0], caches[1], k.double(), v.double(), slots)

@@ -72,7 +72,10 @@ class CpuPagedBackend(AttentionBackend):
         return CpuPagedMetadata(layout.slot_mapping, layout.block_size, decodes, prefills)
 
     def forward(self, q, k, v, kv_cache, meta: CpuPagedMetadata, scale: float) -> torch.Tensor:
-        write_kv(kv_cache, k, v, meta.slot_mapping)
+        if not is_quantized(kv_cache) and kv_cache[0].dtype == k.dtype and k.stride(-1) == 1 and v.stride(-1) == 1:
+            torch.ops.tokenmill.store_kv(kv_cache[0], kv_cache[1], k, v, meta.slot_mapping)  # a row memcpy
+        else:
+            write_kv(kv_cache, k, v, meta.slot_mapping)
         d = meta.decodes
         if not meta.prefills and d is not None and d.rows is None:  # a pure decode step: no copies at all
             return cpu_ops.paged_decode(q, kv_cache, d.block_table, d.seq_lens, meta.block_size, scale)
