@@ -110,3 +110,28 @@ def test_store_kv_matches_index_copy(dtype):
         torch.ops.tokenmill.store_kv(caches[0], caches[1], k, v, torch.tensor([0, 1, 2, 3, 32]))
     with pytest.raises(RuntimeError, match="cache's dtype"):
         torch.ops.tokenmill.store_kv(caches[0], caches[1], k.double(), v.double(), slots)
+
+
+def sdpa_causal(q, k, v, context, scale):
+    lq, lk = q.shape[0], k.shape[0]
+    mask = torch.arange(lk)[None, :] <= (context + torch.arange(lq))[:, None]
+    o = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
+                                       attn_mask=mask, scale=scale, enable_gqa=True)
+    return o[0].transpose(0, 1)
+
+
+@pytest.mark.parametrize("lq,context,heads,kv_heads,d", [
+    (1, 0, 9, 3, 64), (37, 0, 9, 3, 64), (300, 0, 9, 3, 64),  # one key; partial blocks; many blocks
+    (100, 50, 4, 2, 16), (129, 200, 8, 8, 24), (65, 0, 6, 1, 8), (5, 70, 3, 3, 40)])  # context, odd D
+def test_prefill_attention_matches_sdpa(lq, context, heads, kv_heads, d):
+    """Causal attention of a chunk after `context` cached keys, q/k/v strided slices of one fused
+    tensor as the model hands them over; float32 tolerance 1e-5."""
+    g = torch.Generator().manual_seed(lq + context)
+    fused = torch.randn(context + lq, (heads + 2 * kv_heads) * d, generator=g)
+    q = fused[context:, :heads * d].view(lq, heads, d)
+    k = fused[:, heads * d:(heads + kv_heads) * d].view(context + lq, kv_heads, d)
+    v = fused[:, (heads + kv_heads) * d:].view(context + lq, kv_heads, d)
+    out = torch.ops.tokenmill.prefill_attention(q, k, v, context, d ** -0.5)
+    torch.testing.assert_close(out, sdpa_causal(q, k, v, context, d ** -0.5), **TOL)
+    with pytest.raises(RuntimeError, match="context \\+ Lq keys"):
+        torch.ops.tokenmill.prefill_attention(q, k, v, context + 1, d ** -0.5)

@@ -1,12 +1,14 @@
 """CPU paged attention: decodes through our C++ kernel, which reads K/V in place from the paged cache
-(tokenmill/kernels/csrc/paged_decode.cpp); prefill chunks through SDPA one sequence at a time.
+(tokenmill/kernels/csrc/paged_decode.cpp); prefill chunks one sequence at a time, through our causal
+kernel (csrc/prefill_attention.cpp) in float32, else through SDPA.
 
 Why: the torch backend copies every decode's whole context into a padded [B, L, Hkv, D] tensor per
 layer before SDPA reads it again; at batch 64 x 272 tokens that copy was a third of the step
 (docs/BENCHMARKS.md). The kernel reads each K/V row once and writes nothing but the output.
-Prefill chunks are not padded to the longest chunk of the step, and a long chunk is split into
-query pieces that each attend only up to their own last position, so the masked upper triangle is
-mostly skipped (CPU SDPA computes a masked score before discarding it)."""
+Prefill chunks are not padded to the longest chunk of the step. Our prefill kernel never multiplies
+past the diagonal block; on the SDPA path (other dtypes) a long chunk is split into query pieces
+that each attend only up to their own last position, so the masked upper triangle is mostly
+skipped (CPU SDPA computes a masked score before discarding it)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -89,13 +91,16 @@ class CpuPagedBackend(AttentionBackend):
 
 
 def _prefill(q, k, v, kv_cache, p: _Prefill, block_size: int, scale: float, out: torch.Tensor) -> None:
-    qb = q[p.start:p.end].transpose(0, 1).unsqueeze(0)                       # [1, H, Q, D]
     if p.context == 0 and not is_quantized(kv_cache) and kv_cache[0].dtype == k.dtype:
         # a fresh prompt in a plain cache: its keys are exactly this step's k/v, no gather needed
         kb, vb = k[p.start:p.end], v[p.start:p.end]
     else:  # cached context (or quantized storage): read what the cache holds
         length = p.context + (p.end - p.start)
         kb, vb = (x[0, :length] for x in gather_blocks(kv_cache, p.block_table, block_size, q.dtype))
+    if q.dtype == torch.float32:  # our causal kernel: [Q, H, D] x [L, Hkv, D], strided views welcome
+        out[p.start:p.end] = torch.ops.tokenmill.prefill_attention(q[p.start:p.end], kb, vb, p.context, scale)
+        return
+    qb = q[p.start:p.end].transpose(0, 1).unsqueeze(0)                       # [1, H, Q, D]
     kb, vb = kb.transpose(0, 1).unsqueeze(0), vb.transpose(0, 1).unsqueeze(0)  # [1, Hkv, L, D]
     for piece in p.pieces:
         o = F.scaled_dot_product_attention(qb[:, :, piece.q_start:piece.q_end], kb[:, :, :piece.k_end],

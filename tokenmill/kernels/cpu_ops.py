@@ -15,7 +15,8 @@ import torch
 
 logger = logging.getLogger(__name__)
 
-_SOURCES = [Path(__file__).parent / "csrc" / name for name in ("paged_decode.cpp", "layer_ops.cpp", "panel_gemm.cpp", "kv_store.cpp")]
+_SOURCES = [Path(__file__).parent / "csrc" / name for name in ("paged_decode.cpp", "layer_ops.cpp", "panel_gemm.cpp", "kv_store.cpp",
+                                                       "prefill_attention.cpp")]
 _FLAGS = ["-O3", "-march=native", "-fopenmp", "-fopenmp-simd", "-ffp-contract=fast"]
 _lock = threading.Lock()
 _state: dict[str, bool] = {}
@@ -65,7 +66,7 @@ def _registered() -> bool:
 
 
 _OPS = ("paged_decode", "fused_add_rms_norm", "rms_norm", "silu_and_mul", "rotary_", "pack_panels",
-        "panel_linear", "store_kv")
+        "panel_linear", "store_kv", "prefill_attention")
 
 
 def paged_decode(q: torch.Tensor, kv_cache: tuple[torch.Tensor, ...], block_tables: torch.Tensor,
