@@ -15,8 +15,9 @@ import torch
 
 logger = logging.getLogger(__name__)
 
-_SOURCES = [Path(__file__).parent / "csrc" / name for name in ("paged_decode.cpp", "layer_ops.cpp", "panel_gemm.cpp", "kv_store.cpp",
-                                                       "prefill_attention.cpp")]
+_CSRC = Path(__file__).parent / "csrc"
+_SOURCES = [_CSRC / name for name in ("paged_decode.cpp", "layer_ops.cpp", "panel_gemm.cpp", "kv_store.cpp",
+                                      "prefill_attention.cpp")]
 _FLAGS = ["-O3", "-march=native", "-fopenmp", "-fopenmp-simd", "-ffp-contract=fast"]
 _lock = threading.Lock()
 _state: dict[str, bool] = {}
@@ -38,12 +39,22 @@ def _build() -> bool:
     try:
         from torch.utils import cpp_extension
         cpp_extension.load(name=f"tokenmill_cpu_ops_{_cpu_tag()}", sources=[str(s) for s in _SOURCES],
-                           extra_cflags=_FLAGS, extra_ldflags=["-fopenmp"], is_python_module=False, verbose=False)
+                           extra_cflags=_FLAGS + [f"-DTOKENMILL_HEADERS={_headers_hash()}"],
+                           extra_ldflags=["-fopenmp"], is_python_module=False, verbose=False)
         return _registered()
     except Exception as e:  # no compiler, no ninja, a build error: fall back, say why once
         logger.warning("tokenmill C++ CPU kernels unavailable (%s: %s); using the PyTorch attention path",
                        type(e).__name__, str(e).splitlines()[0] if str(e) else "")
         return False
+
+
+def _headers_hash() -> str:
+    """torch rebuilds a cached extension when a source or a flag changes, not when a header does:
+    the headers' hash goes into the flags."""
+    digest = hashlib.sha256()
+    for header in sorted(_CSRC.glob("*.h")):
+        digest.update(header.read_bytes())
+    return digest.hexdigest()[:12]
 
 
 def _cpu_tag() -> str:

@@ -111,7 +111,7 @@ inline void scores2(const float* q, const T* k0, const T* k1, int64_t D, float* 
 
 // o[g, c:c+8W] += sum over rows r of p[g][r] * v_r[c:c+8W]: each row piece is loaded once for all G
 // heads into G*W accumulators (G*W + G + 1 <= 16 keeps them in registers; flat arrays and full
-// unrolling keep GCC from spilling them to the stack every iteration, which cost 2x).
+// unrolling keep GCC from spilling them to the stack every iteration).
 template <int G, int W, typename T>
 inline void weighted_piece(const float* const* p, const T* const* rows, int64_t n, int64_t c, int64_t D,
                            bool prefetch, float* o) {
@@ -149,24 +149,7 @@ inline void weighted_sum(const float* const* p, const T* const* rows, int64_t n,
 
 // In-place softmax of n scores, float32, max-subtracted.
 inline void softmax(float* s, int64_t n) {
-  float mx = -std::numeric_limits<float>::infinity();
-  for (int64_t i = 0; i < n; ++i) mx = s[i] > mx ? s[i] : mx;
-  float sum = 0.f;
-  int64_t i = 0;
-#ifdef __AVX2__
-  const __m256 m = _mm256_set1_ps(mx);
-  __m256 acc = _mm256_setzero_ps();
-  for (; i + 8 <= n; i += 8) {
-    const __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(s + i), m));
-    _mm256_storeu_ps(s + i, e);
-    acc = _mm256_add_ps(acc, e);
-  }
-  sum = hsum(acc);
-#endif
-  for (; i < n; ++i) {
-    s[i] = std::exp(s[i] - mx);
-    sum += s[i];
-  }
+  const float sum = exp_sub_sum(s, n, row_max(s, n));
   const float inv = 1.f / sum;
   for (int64_t j = 0; j < n; ++j) s[j] *= inv;
 }

@@ -33,40 +33,9 @@ struct Scratch {
   std::vector<float> q, s, o, m, l;
 };
 
-inline float row_max(const float* s, int64_t n) {
-  float mx = -std::numeric_limits<float>::infinity();
-  int64_t j = 0;
-#ifdef __AVX2__
-  if (n >= 8) {
-    __m256 m = _mm256_loadu_ps(s);
-    for (j = 8; j + 8 <= n; j += 8) m = _mm256_max_ps(m, _mm256_loadu_ps(s + j));
-    alignas(32) float t[8];
-    _mm256_store_ps(t, m);
-    for (float x : t) mx = std::max(mx, x);
-  }
-#endif
-  for (; j < n; ++j) mx = std::max(mx, s[j]);
-  return mx;
-}
-
 // exp(s[j] - mx) for j < n in place, 0 for n <= j < width; returns the sum of the first n.
 inline float exp_row(float* s, int64_t n, int64_t width, float mx) {
-  int64_t j = 0;
-  float sum = 0.f;
-#ifdef __AVX2__
-  const __m256 m = _mm256_set1_ps(mx);
-  __m256 acc = _mm256_setzero_ps();
-  for (; j + 8 <= n; j += 8) {
-    const __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(s + j), m));
-    _mm256_storeu_ps(s + j, e);
-    acc = _mm256_add_ps(acc, e);
-  }
-  sum = hsum(acc);
-#endif
-  for (; j < n; ++j) {
-    s[j] = std::exp(s[j] - mx);
-    sum += s[j];
-  }
+  const float sum = exp_sub_sum(s, n, mx);
   std::fill(s + n, s + width, 0.f);
   return sum;
 }

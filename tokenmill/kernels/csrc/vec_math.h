@@ -1,6 +1,11 @@
 // Small AVX2 helpers shared by our CPU kernels.
 #pragma once
 
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+
 #ifdef __AVX2__
 #include <immintrin.h>
 
@@ -29,3 +34,41 @@ inline __m256 exp256(__m256 x) {
   return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
 }
 #endif
+
+// exp(s[i] - mx) in place for i < n (vectorized where AVX2 is there); returns their sum.
+inline float exp_sub_sum(float* s, int64_t n, float mx) {
+  int64_t i = 0;
+  float sum = 0.f;
+#ifdef __AVX2__
+  const __m256 m = _mm256_set1_ps(mx);
+  __m256 acc = _mm256_setzero_ps();
+  for (; i + 8 <= n; i += 8) {
+    const __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(s + i), m));
+    _mm256_storeu_ps(s + i, e);
+    acc = _mm256_add_ps(acc, e);
+  }
+  sum = hsum(acc);
+#endif
+  for (; i < n; ++i) {
+    s[i] = std::exp(s[i] - mx);
+    sum += s[i];
+  }
+  return sum;
+}
+
+// max of s[0:n] (-inf when n == 0)
+inline float row_max(const float* s, int64_t n) {
+  float mx = -std::numeric_limits<float>::infinity();
+  int64_t j = 0;
+#ifdef __AVX2__
+  if (n >= 8) {
+    __m256 m = _mm256_loadu_ps(s);
+    for (j = 8; j + 8 <= n; j += 8) m = _mm256_max_ps(m, _mm256_loadu_ps(s + j));
+    alignas(32) float t[8];
+    _mm256_store_ps(t, m);
+    for (float x : t) mx = std::max(mx, x);
+  }
+#endif
+  for (; j < n; ++j) mx = std::max(mx, s[j]);
+  return mx;
+}
