@@ -19,12 +19,12 @@ void micro_kernel(const float* x, int64_t lda, int64_t K, const float* p, const 
   __m256 c0[MR], c1[MR];
 #pragma GCC unroll 8
   for (int r = 0; r < MR; ++r) c0[r] = c1[r] = _mm256_setzero_ps();
+  int64_t k = 0;
   if constexpr (MR <= 2) {
     // Few rows: two independent accumulator sets over even/odd k hide the 4-5 cycle FMA latency.
     __m256 d0[MR], d1[MR];
 #pragma GCC unroll 8
     for (int r = 0; r < MR; ++r) d0[r] = d1[r] = _mm256_setzero_ps();
-    int64_t k = 0;
     for (; k + 2 <= K; k += 2) {
       _mm_prefetch(reinterpret_cast<const char*>(p + k * NR) + 1024, _MM_HINT_T0);
       _mm_prefetch(reinterpret_cast<const char*>(p + k * NR) + 1088, _MM_HINT_T0);
@@ -39,30 +39,20 @@ void micro_kernel(const float* x, int64_t lda, int64_t K, const float* p, const 
         d1[r] = _mm256_fmadd_ps(a2, e1, d1[r]);
       }
     }
-    for (; k < K; ++k) {
-      const __m256 b0 = _mm256_loadu_ps(p + k * NR), b1 = _mm256_loadu_ps(p + k * NR + 8);
-#pragma GCC unroll 8
-      for (int r = 0; r < MR; ++r) {
-        const __m256 a = _mm256_broadcast_ss(x + r * lda + k);
-        c0[r] = _mm256_fmadd_ps(a, b0, c0[r]);
-        c1[r] = _mm256_fmadd_ps(a, b1, c1[r]);
-      }
-    }
 #pragma GCC unroll 8
     for (int r = 0; r < MR; ++r) {
       c0[r] = _mm256_add_ps(c0[r], d0[r]);
       c1[r] = _mm256_add_ps(c1[r], d1[r]);
     }
-  } else {
-    for (int64_t k = 0; k < K; ++k) {
-      _mm_prefetch(reinterpret_cast<const char*>(p + k * NR) + 1024, _MM_HINT_T0);
-      const __m256 b0 = _mm256_loadu_ps(p + k * NR), b1 = _mm256_loadu_ps(p + k * NR + 8);
+  }
+  for (; k < K; ++k) {  // every k for MR > 2; the odd last one for MR <= 2
+    _mm_prefetch(reinterpret_cast<const char*>(p + k * NR) + 1024, _MM_HINT_T0);
+    const __m256 b0 = _mm256_loadu_ps(p + k * NR), b1 = _mm256_loadu_ps(p + k * NR + 8);
 #pragma GCC unroll 8
-      for (int r = 0; r < MR; ++r) {
-        const __m256 a = _mm256_broadcast_ss(x + r * lda + k);
-        c0[r] = _mm256_fmadd_ps(a, b0, c0[r]);
-        c1[r] = _mm256_fmadd_ps(a, b1, c1[r]);
-      }
+    for (int r = 0; r < MR; ++r) {
+      const __m256 a = _mm256_broadcast_ss(x + r * lda + k);
+      c0[r] = _mm256_fmadd_ps(a, b0, c0[r]);
+      c1[r] = _mm256_fmadd_ps(a, b1, c1[r]);
     }
   }
   alignas(32) float tmp[16];
