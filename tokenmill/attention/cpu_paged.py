@@ -12,6 +12,7 @@ skipped (CPU SDPA computes a masked score before discarding it)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 import torch.nn.functional as F
@@ -46,7 +47,20 @@ class _Prefill:
     end: int
     context: int                # tokens cached before this chunk
     block_table: torch.Tensor   # [1, NB] int64
-    pieces: list[_Piece]
+
+    @cached_property
+    def pieces(self) -> list[_Piece]:
+        """Query pieces for the SDPA path (built only when it runs: float32 uses our kernel)."""
+        n = self.end - self.start
+        step = PIECE if n > SPLIT_ABOVE else n
+        pieces = []
+        for qs in range(0, n, step):
+            qe = min(n, qs + step)
+            k_end = self.context + qe
+            # query i (absolute position context + qs + i) sees keys 0..context + qs + i
+            mask = torch.arange(k_end)[None, :] <= (self.context + qs + torch.arange(qe - qs))[:, None]
+            pieces.append(_Piece(qs, qe, k_end, mask))
+        return pieces
 
 
 @dataclass
@@ -111,18 +125,8 @@ def _prefill(q, k, v, kv_cache, p: _Prefill, block_size: int, scale: float, out:
 
 def _build_prefill(layout: BatchLayout, b: int) -> _Prefill:
     start, end = layout.query_start_loc[b], layout.query_start_loc[b + 1]
-    n, length = end - start, layout.seq_lens[b]
-    context = length - n
-    step = PIECE if n > SPLIT_ABOVE else n
-    pieces = []
-    for qs in range(0, n, step):
-        qe = min(n, qs + step)
-        k_end = context + qe
-        # query i (absolute position context + qs + i) sees keys 0..context + qs + i
-        mask = torch.arange(k_end)[None, :] <= (context + qs + torch.arange(qe - qs))[:, None]
-        pieces.append(_Piece(qs, qe, k_end, mask))
     table = torch.tensor([layout.block_tables[b]], dtype=torch.long)
-    return _Prefill(start, end, context, table, pieces)
+    return _Prefill(start, end, layout.seq_lens[b] - (end - start), table)
 
 
 def _build_decodes(layout: BatchLayout, seqs: list[int], all_decode: bool) -> _Decodes:

@@ -1,5 +1,6 @@
-"""GEMM kernels for our linear layers at decode/prefill batch sizes: F.linear vs oneDNN (our
-choice, models/linear.py) vs NumPy/OpenBLAS, over 30 distinct weights so they come from memory.
+"""Library GEMMs at decode/prefill batch sizes: F.linear vs oneDNN (our no-compiler fallback,
+models/linear.py) vs NumPy/OpenBLAS, over 30 distinct weights so they come from memory. Our own
+panel GEMM against oneDNN: `python -m tokenmill.bench.kernels`.
 
     python -m tokenmill.bench.gemm [--threads 2]
 """
@@ -13,7 +14,8 @@ import torch
 import torch.nn.functional as F
 
 
-def _time(fn, repeats: int = 5) -> float:
+def time_call(fn, repeats: int = 5) -> float:
+    """Seconds per call of fn, after one warm-up call."""
     fn()
     t = time.perf_counter()
     for _ in range(repeats):
@@ -40,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
         kernels = [lambda: [F.linear(x, w) for w in weights],
                    lambda: [torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [], "") for w in weights],
                    lambda: [x.numpy() @ w for w in transposed]]
-        cells = [f"{flops / _time(k) / 1e9:16.1f}" for k in kernels]
+        cells = [f"{flops / time_call(k) / 1e9:16.1f}" for k in kernels]
         print(f"{m:>5} {' '.join(cells)}")
     return 0
 

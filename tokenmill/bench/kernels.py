@@ -13,18 +13,15 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 
 import torch
 import torch.nn.functional as F
 
+from tokenmill.bench.gemm import time_call
+
 
 def _ms(fn, repeats: int = 30) -> float:
-    fn()
-    t = time.perf_counter()
-    for _ in range(repeats):
-        fn()
-    return (time.perf_counter() - t) / repeats * 1e3
+    return time_call(fn, repeats) * 1e3
 
 
 def attention(batch: int = 64, heads: int = 9, kv_heads: int = 3, d: int = 64, bs: int = 16, nb: int = 17) -> None:
