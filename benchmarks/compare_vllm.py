@@ -243,14 +243,14 @@ def main(argv: list[str] | None = None) -> int:
               max_num_batched_tokens=args.max_num_batched_tokens, num_threads=args.threads)
     ours_start_s = time.perf_counter() - t0
     engine = llm.llm_engine
-    dtype = str(engine.dtype).removeprefix("torch.")
-    wl = make_w1(args.num_requests, engine.model_cfg.vocab_size, args.seed)
+    dtype = engine.config.model.dtype
+    wl = make_w1(args.num_requests, engine.vocab_size, args.seed)
     print(f"W1: {args.num_requests} requests, {sum(map(len, wl.prompts))} prompt tokens, "
           f"{sum(wl.output_lens)} output tokens; dtype {dtype}; tokenmill engine start {ours_start_s:.1f} s",
           flush=True)
 
     report: dict = {"machine": machine(), "cpu_flags_avx512": _avx512_flags(), "date": time.strftime("%Y-%m-%d %H:%M %Z"),
-                    "argv": sys.argv, "dtype": dtype, "model": str(engine.model_folder),
+                    "argv": sys.argv, "dtype": dtype, "model": engine.config.model.path,
                     "num_requests": args.num_requests, "seed": args.seed,
                     "prompt_tokens": sum(map(len, wl.prompts)), "output_tokens": sum(wl.output_lens),
                     "tokenmill": {"engine_start_s": ours_start_s, "max_num_seqs": args.max_num_seqs,
@@ -265,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             py = peer_python(args.peer_venv)
             with tempfile.NamedTemporaryFile("w", suffix=".json", prefix="w1_", delete=False) as wl_file:
-                json.dump({"model": str(engine.model_folder), "dtype": dtype, "prompts": wl.prompts,
+                json.dump({"model": engine.config.model.path, "dtype": dtype, "prompts": wl.prompts,
                            "output_lens": wl.output_lens, "engine_args": json.loads(args.peer_engine_args)},
                           wl_file)
             log = args.peer_log or os.path.join(tempfile.gettempdir(),

@@ -79,18 +79,26 @@ def test_panel_linear_matches_matmul(rows, k):
         torch.ops.tokenmill.panel_linear(torch.randn(rows, k + 1), packed, 300, None)
 
 
-def test_linear_module_packs_and_matches_reference():
+@pytest.mark.parametrize("method", ["PanelLinearMethod", "OneDNNLinearMethod", "PlainLinearMethod"])
+def test_linear_quant_methods_match_reference(method):
+    """Each unquantized method through the Linear seam: fused shards loaded by the per-parameter
+    loader, packed by load(), applied; float32 tolerance 1e-4."""
     from tokenmill.models.linear import Linear
+    from tokenmill.quant import unquantized
     g = torch.Generator().manual_seed(0)
-    lin = Linear(40, 70, bias=True)
-    with torch.no_grad():
-        lin.weight.copy_(torch.randn(70, 40, generator=g))
-        lin.bias.copy_(torch.randn(70, generator=g))
-    w, b = lin.weight.detach().clone(), lin.bias.detach().clone()
-    lin.prepack(free_plain=True)
-    assert lin.panels is not None and lin.weight.is_meta and lin.weight.shape == (70, 40)
+    lin = Linear(40, [30, 40], bias=True, quant_method=getattr(unquantized, method)(), prefix="fused")
+    shards = [torch.randn(30, 40, generator=g), torch.randn(40, 40, generator=g)]
+    for i, w in enumerate(shards):
+        lin.load_weight("weight", w, shard=i)
+    b = torch.randn(70, generator=g)
+    lin.load_weight("bias", b)
+    lin.quant_method.load(lin)
+    if method != "PlainLinearMethod":
+        assert lin.packed is not None and lin.weight.is_meta and lin.weight.shape == (70, 40)
     x = torch.randn(9, 40, generator=g)
-    torch.testing.assert_close(lin(x), x @ w.t() + b, atol=1e-4, rtol=1e-5)
+    torch.testing.assert_close(lin(x), x @ torch.cat(shards).t() + b, atol=1e-4, rtol=1e-5)
+    with pytest.raises(ValueError, match="fused.weight: checkpoint shape"):
+        lin.load_weight("weight", torch.randn(31, 40), shard=0)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -45,10 +45,10 @@ def test_small_cache_forces_preemption_outputs_identical(tiny_llama, prompts, al
     llm = LLM(str(tiny_llama), dtype="float32", block_size=4, num_kv_blocks=24,
               enable_prefix_caching=False)
     engine = llm.llm_engine
-    assert engine.kv.num_blocks == 24
+    assert engine.config.cache.num_blocks == 24
     assert _generate(llm, prompts) == alone
-    assert engine.scheduler.num_preemptions > 0
-    assert engine.kv.pool.num_free_blocks == engine.kv.num_blocks  # nothing leaked
+    assert engine.core.scheduler.num_preemptions > 0
+    assert engine.core.kv.pool.num_free_blocks == engine.config.cache.num_blocks  # nothing leaked
 
 
 def test_seeded_sampling_reproducible_across_batches(tiny_llm, prompts):
@@ -102,7 +102,7 @@ def test_bad_requests_fail_alone(tiny_llama):
     llm = LLM(str(tiny_llama), dtype="float32", kv_cache_memory_gb=0.02, max_model_len=64)
     outs = llm.generate([{"prompt_token_ids": list(range(3, 80))}, {"prompt_token_ids": [5, 6]},
                          {"prompt_token_ids": []}], SamplingParams(max_tokens=3, temperature=0), use_tqdm=False)
-    assert "max_model_len is 64" in outs[0].error and outs[0].outputs[0].finish_reason == "error"
+    assert "maximum context length is 64 tokens" in outs[0].error and outs[0].outputs[0].finish_reason == "error"
     assert len(outs[1].outputs[0].token_ids) >= 1 and outs[1].error is None
     assert "must not be empty" in outs[2].error
 
@@ -128,6 +128,6 @@ def test_abort_frees_blocks(tiny_llm):
     engine = tiny_llm.llm_engine
     rid = engine.add_request(None, {"prompt_token_ids": list(range(3, 40))}, SamplingParams(max_tokens=50))
     engine.step()
-    assert engine.kv.pool.num_used_blocks > 0
+    assert engine.core.kv.pool.num_used_blocks > 0
     engine.abort_request(rid)
-    assert engine.kv.pool.num_used_blocks == 0 and not engine.has_unfinished_requests()
+    assert engine.core.kv.pool.num_used_blocks == 0 and not engine.has_unfinished_requests()

@@ -17,7 +17,15 @@ import torch
 from tokenmill import LLM, SamplingParams
 from tokenmill.attention.kv_cache import QuantizedKVCacheSpec, gather_blocks, gather_slots, make_kv_cache_spec, write_kv
 from tokenmill.models.model_config import load_model_config
-from tokenmill.worker.model_runner import kv_cache_spec, num_kv_blocks_for_budget
+from tokenmill.models.llama import LlamaForCausalLM
+
+
+def kv_cache_spec(cfg, kvd, dt, bs):
+    return LlamaForCausalLM.kv_cache_spec(cfg, kvd, dt, bs)
+
+
+def num_kv_blocks_for_budget(cfg, kvd, dt, bs, budget):
+    return int(budget // (LlamaForCausalLM.kv_bytes_per_token(cfg, kvd, dt, bs) * bs))
 
 BS, HKV, D = 16, 3, 64  # SmolLM2-135M: 30 layers, 3 KV heads, head dim 64
 HALF_GIB = 1 << 29
@@ -61,7 +69,7 @@ def test_engine_admits_twice_the_sequences_of_bf16(tiny_llama):
             engine.add_request(f"r{i}", {"prompt_token_ids": [3 + (i + j) % 400 for j in range(32)]},
                                SamplingParams(max_tokens=1, temperature=0))
         engine.step()  # admission only depends on free blocks: 2 blocks per 32-token prompt
-        admitted[kvd] = (engine.kv.num_blocks, 300 - engine.num_waiting_requests())
+        admitted[kvd] = (engine.config.cache.num_blocks, 300 - engine.num_waiting_requests())
         for i in range(300):
             engine.abort_request(f"r{i}")
     (blocks_bf16, seqs_bf16), (blocks_int8, seqs_int8) = admitted["auto"], admitted["int8"]
@@ -131,4 +139,4 @@ def test_quality_bounds_smollm2(smollm2_folder):
     assert fp8.ppl <= auto.ppl * 1.05 and fp8.top1_agreement >= 0.90, (fp8.ppl, fp8.top1_agreement)
     # short greedy generations through the decode path (quantized writes one token at a time)
     assert int8.prefix_agreement >= 0.5 and fp8.prefix_agreement >= 0.25, (int8.outputs, auto.outputs)
-    assert llm.llm_engine.kv.pool.num_used_blocks == 0
+    assert llm.llm_engine.core.kv.pool.num_used_blocks == 0

@@ -8,7 +8,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tokenmill.core.kv_cache_manager import PrefixCacheStats
 from tokenmill.core.scheduler import SchedulerStats
-from tokenmill.engine.stats import IterationStats
+from tokenmill.core.outputs import IterationStats
 from tokenmill.metrics.prometheus import PrometheusStatLogger
 from tokenmill.metrics.stats import CostWindow, cost_per_million_tokens, request_timings
 from tokenmill.request import FinishReason, Request

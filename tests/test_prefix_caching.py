@@ -43,19 +43,21 @@ def test_outputs_identical_with_caching_on_and_off(tiny_llama, uncached, params,
     prompts = _shared_prefix_prompts()
     off = uncached if kv_cache_dtype == "auto" else _llm(tiny_llama, False, kv_cache_dtype=kv_cache_dtype)
     expect = _ids(off.generate(prompts, params, use_tqdm=False))
-    on = _llm(tiny_llama, True, kv_cache_dtype=kv_cache_dtype)
+    # a small token budget admits the batch over several steps: later prompts hit the prefix blocks
+    # that earlier steps wrote (a block is findable only once its KV is computed)
+    on = _llm(tiny_llama, True, kv_cache_dtype=kv_cache_dtype, max_num_batched_tokens=32)
     first = on.generate(prompts, params, use_tqdm=False)  # hits within the batch (shared prefixes)
     again = on.generate(prompts, params, use_tqdm=False)  # hits on the whole prompts' full blocks
     assert _ids(first) == expect and _ids(again) == expect
     assert sum(o.num_cached_tokens for o in first) > 0
     assert all(o.num_cached_tokens == (len(o.prompt_token_ids) - 1) // BLOCK * BLOCK for o in again)
-    assert on.llm_engine.kv.pool.num_used_blocks == 0
+    assert on.llm_engine.core.kv.pool.num_used_blocks == 0
 
 
 def test_prefix_stats_queries_hits_evictions(tiny_llama):
     """4 blocks of 4 tokens. LRU order and tail-first freeing decide which cached block goes first."""
     llm = _llm(tiny_llama, True, num_kv_blocks=4)
-    kv = llm.llm_engine.kv
+    kv = llm.llm_engine.core.kv
     one = SamplingParams(max_tokens=1, temperature=0)
     a = list(range(10, 18))          # 2 full blocks
     b = list(range(100, 112))        # 3 full blocks, nothing shared with a
@@ -86,10 +88,10 @@ def test_reset_prefix_cache(tiny_llama):
     engine.add_request("busy", {"prompt_token_ids": [5, 6, 7, 8, 9]}, GREEDY)
     engine.step()
     assert llm.reset_prefix_cache() is False  # a request holds blocks: refused, nothing dropped
-    assert engine.kv.pool.cached
+    assert engine.core.kv.pool.cached
     engine.abort_request("busy")
     assert llm.reset_prefix_cache() is True
-    assert not engine.kv.pool.cached and all(b.block_hash is None for b in engine.kv.pool.blocks)
+    assert not engine.core.kv.pool.cached and all(b.block_hash is None for b in engine.core.kv.pool.blocks)
     after = llm.generate(prompt, GREEDY, use_tqdm=False)[0]
     assert after.num_cached_tokens == 0 and after.outputs[0].token_ids == first.outputs[0].token_ids
 
@@ -103,10 +105,10 @@ def test_preempted_request_refinds_its_own_blocks(tiny_llama):
              for p in prompts]
     llm = _llm(tiny_llama, True, num_kv_blocks=10)
     engine = llm.llm_engine
-    kv = engine.kv
+    kv = engine.core.kv
     held_at_preemption: dict[str, list[int]] = {}
     resumed_hits: list[tuple[str, list[int], int]] = []
-    preempt, lookup = engine.scheduler._preempt, kv.get_computed_blocks
+    preempt, lookup = engine.core.scheduler._preempt, kv.get_computed_blocks
 
     def spy_preempt(req, out):
         held_at_preemption.setdefault(req.request_id, kv.block_ids(req.request_id))
@@ -118,10 +120,10 @@ def test_preempted_request_refinds_its_own_blocks(tiny_llama):
             resumed_hits.append((req.request_id, [b.block_id for b in blocks], n))
         return blocks, n
 
-    engine.scheduler._preempt, kv.get_computed_blocks = spy_preempt, spy_lookup
+    engine.core.scheduler._preempt, kv.get_computed_blocks = spy_preempt, spy_lookup
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
     assert _ids(outs) == alone
-    assert engine.scheduler.num_preemptions >= 1 and outs[1].metrics.num_preemptions >= 1
+    assert engine.core.scheduler.num_preemptions >= 1 and outs[1].metrics.num_preemptions >= 1
     assert resumed_hits, "the preempted request never came back"
     rid, block_ids, num_hit = resumed_hits[0]
     assert rid == outs[1].request_id and num_hit >= len(prompts[1])  # at least its whole prompt
@@ -156,7 +158,7 @@ def _params(max_tokens: int, seed: int | None) -> SamplingParams:
 def test_stress_random_traffic_no_leak_no_corruption(tiny_llama, uncached, ops, num_blocks, budget):
     engine = LLMEngine(model=str(tiny_llama), dtype="float32", block_size=BLOCK, num_kv_blocks=num_blocks,
                        max_num_batched_tokens=budget, max_num_seqs=8)
-    kv = engine.kv
+    kv = engine.core.kv
     live: dict[str, tuple[list[int], int, int | None]] = {}
     finished: dict[str, list[int]] = {}
     n = 0

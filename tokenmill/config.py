@@ -1,17 +1,27 @@
-"""Engine configuration: every knob in one validated dataclass."""
+"""Configuration, resolved once and handed down.
+
+`EngineConfig` is what the user asked for (LLM(...) keywords, `--flags`), checked on construction.
+`resolve_config` (tokenmill/engine/resolve.py) turns it into a `TokenmillConfig`: frozen records
+with every default filled in (model folder, dtype, context length, KV block count, threads). Each
+layer receives only its part: the model runner the model, cache and device records, the scheduler
+its SchedulerConfig, the KV manager the cache record. Torch-free: the simulator builds the same
+records from a performance profile.
+"""
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
 
 from tokenmill.core.scheduler import SchedulerConfig
+from tokenmill.models.model_config import ModelConfig
 
 DTYPES = ("auto", "bfloat16", "float32", "float16")
 KV_CACHE_DTYPES = ("auto", "int8", "fp8")
 ATTENTION_BACKENDS = ("auto", "cpu", "torch", "reference")
+BLOCK_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
 
-@dataclass
+@dataclass(frozen=True)
 class EngineConfig:
     model: str | None = None  # HF folder or .gguf file; None: the embedded SmolLM2-135M-Instruct
     tokenizer: str | None = None
@@ -25,29 +35,70 @@ class EngineConfig:
     max_num_batched_tokens: int = 1024
     max_num_seqs: int = 128
     long_prefill_token_threshold: int = 0
-    attention_backend: str = "auto"  # auto: our C++ decode kernel (cpu) if it builds here, else torch
+    attention_backend: str = "auto"  # auto: our C++ kernels (cpu) if they build here, else torch
     seed: int = 0
-    num_threads: int | None = None  # None: all cores of this process
+    num_threads: int | None = None  # None: the cores this process may use
     served_model_name: str | None = None
 
     def __post_init__(self) -> None:
         _choice("dtype", self.dtype, DTYPES)
         _choice("kv_cache_dtype", self.kv_cache_dtype, KV_CACHE_DTYPES)
         _choice("attention_backend", self.attention_backend, ATTENTION_BACKENDS)
-        if self.block_size not in (1, 2, 4, 8, 16, 32, 64, 128, 256):
+        if self.block_size not in BLOCK_SIZES:
             raise ValueError(f"block_size must be a power of two in [1, 256], got {self.block_size}")
-        if self.kv_cache_memory_gb is not None and self.kv_cache_memory_gb <= 0:
+        if self.kv_cache_memory_gb is not None and not self.kv_cache_memory_gb > 0:
             raise ValueError(f"kv_cache_memory_gb must be > 0, got {self.kv_cache_memory_gb}")
-        if self.max_model_len is not None and self.max_model_len < 1:
-            raise ValueError(f"max_model_len must be >= 1, got {self.max_model_len}")
+        for name in ("max_model_len", "num_kv_blocks", "num_threads", "max_num_batched_tokens", "max_num_seqs"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        if self.long_prefill_token_threshold < 0:
+            raise ValueError(f"long_prefill_token_threshold must be >= 0, got {self.long_prefill_token_threshold}")
         if self.model is not None and not os.path.exists(self.model):
             raise ValueError(f"model path does not exist: {self.model!r} (give a Hugging Face model folder "
                              "or a .gguf file; no model hub is contacted)")
 
-    def scheduler_config(self, max_model_len: int) -> SchedulerConfig:
-        return SchedulerConfig(max_num_batched_tokens=self.max_num_batched_tokens,
-                               max_num_seqs=self.max_num_seqs, max_model_len=max_model_len,
-                               long_prefill_token_threshold=self.long_prefill_token_threshold)
+
+@dataclass(frozen=True)
+class ModelSpec:
+    path: str  # Hugging Face-style folder (a GGUF file is converted into one)
+    tokenizer: str
+    served_name: str
+    arch: ModelConfig
+    dtype: str  # resolved: float32 | bfloat16 | float16
+    max_model_len: int
+    # architecture, config, dtype and a fingerprint of the weights, never a path: two engines on
+    # different machines with the same model agree on it (and so on prefix-cache block hashes)
+    content_id: str
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    block_size: int
+    num_blocks: int
+    kv_cache_dtype: str
+    enable_prefix_caching: bool
+    bytes_per_token: float  # all layers, K and V, scales included
+    block_hash_key: str  # the extra key of every block hash: model content id + KV storage
+
+    @property
+    def capacity_tokens(self) -> int:
+        return self.num_blocks * self.block_size
+
+
+@dataclass(frozen=True)
+class DeviceConfig:
+    num_threads: int
+    attention_backend: str
+    seed: int
+
+
+@dataclass(frozen=True)
+class TokenmillConfig:
+    model: ModelSpec
+    cache: CacheConfig
+    scheduler: SchedulerConfig
+    device: DeviceConfig
 
 
 def _choice(name: str, value: str, allowed: tuple[str, ...]) -> None:

@@ -34,16 +34,22 @@ class LLM:
             params = [params] * len(prompts)
         if len(params) != len(prompts):
             raise ValueError(f"sampling_params has {len(params)} entries for {len(prompts)} prompts")
+        _check_types(prompts, params)
         engine = self.llm_engine
         results: dict[str, RequestOutput] = {}
         order = []
-        for prompt, p in zip(prompts, params):
-            rid = engine.next_request_id()
-            order.append(rid)
-            try:
-                engine.add_request(rid, prompt, p)
-            except ValueError as e:
-                results[rid] = _error_output(rid, prompt, str(e))
+        try:
+            for prompt, p in zip(prompts, params):
+                rid = engine.next_request_id()
+                order.append(rid)
+                try:
+                    engine.add_request(rid, prompt, p)
+                except ValueError as e:
+                    results[rid] = _error_output(rid, prompt, str(e))
+        except BaseException:
+            for rid in order:  # nothing stays queued when the batch fails
+                engine.abort_request(rid)
+            raise
         self._run(results, len(order), use_tqdm)
         return [results[rid] for rid in order]
 
@@ -80,6 +86,16 @@ def _chat_ids(tok, conversation, chat_template, add_generation_prompt) -> list[i
     if isinstance(ids, dict) or hasattr(ids, "input_ids"):
         ids = ids["input_ids"]
     return list(ids)
+
+
+def _check_types(prompts: Sequence, params: Sequence) -> None:
+    """Wrong types anywhere in the batch fail the whole call before anything is queued."""
+    for i, (prompt, p) in enumerate(zip(prompts, params)):
+        if not isinstance(prompt, (str, list, tuple, dict)):
+            raise TypeError(f"prompts[{i}] must be a string, a list of token ids or a dict with 'prompt' or "
+                            f"'prompt_token_ids'; got {type(prompt).__name__}")
+        if not isinstance(p, SamplingParams):
+            raise TypeError(f"sampling_params[{i}] must be a SamplingParams; got {type(p).__name__}")
 
 
 def _error_output(rid: str, prompt, message: str) -> RequestOutput:

@@ -40,10 +40,8 @@ class Request:
 
     def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
                  eos_token_id: int | None = None, arrival_time: float | None = None,
-                 max_tokens: int = 16, parent_id: str | None = None, index: int = 0) -> None:
+                 max_tokens: int = 16) -> None:
         self.request_id = request_id
-        self.parent_id = parent_id or request_id
-        self.index = index  # position among the n outputs of the parent request
         self.prompt_token_ids = list(prompt_token_ids)
         self.all_token_ids: list[int] = list(prompt_token_ids)
         self.params = params
@@ -55,7 +53,6 @@ class Request:
         self.finish_reason: FinishReason | None = None
         self.stop_reason: str | int | None = None
         self.events = RequestEvents(arrival=arrival_time if arrival_time is not None else time.monotonic())
-        self.logprobs: list[dict[int, float]] = []  # per output token: {token_id: logprob}
         self.block_hashes: list[bytes] = []  # hash of each full block, chained (filled lazily)
 
     @property

@@ -172,7 +172,7 @@ def test_async_engine_generate_deltas_and_early_exit(make_engine):
                 break
             await asyncio.sleep(0.01)
         assert not engine.has_unfinished_requests()
-        assert engine.kv.pool.num_used_blocks == 0
+        assert engine.core.kv.pool.num_used_blocks == 0
 
     try:
         asyncio.run(main())

@@ -135,11 +135,11 @@ def run(args: argparse.Namespace) -> int:
     llm = LLM(args.model, dtype=args.dtype, max_num_seqs=args.max_num_seqs,
               max_num_batched_tokens=args.max_num_batched_tokens)
     engine = llm.llm_engine
-    wl = make_w1(args.num_requests, engine.model_cfg.vocab_size, args.seed)
+    wl = make_w1(args.num_requests, engine.vocab_size, args.seed)
     results = [run_tokenmill(llm, wl)]
     if args.baseline == "transformers":
-        results.append(run_transformers(str(engine.model_folder), wl, engine.dtype))
-    print(f"machine: {machine()}; date: {time.strftime('%Y-%m-%d')}; model dtype {engine.dtype}")
+        results.append(run_transformers(engine.config.model.path, wl, engine.runner.dtype))
+    print(f"machine: {machine()}; date: {time.strftime('%Y-%m-%d')}; model dtype {engine.config.model.dtype}")
     print_table(results)
     if args.json:
         with open(args.json, "w") as f:

@@ -71,8 +71,8 @@ def run_engine(wl: Workload, prefix_caching: bool, engine_kwargs: dict, log=prin
     # warm-up on unrelated tokens (kernels, allocator), then forget it
     llm.generate([{"prompt_token_ids": [7] * 40}] * 2, SamplingParams(max_tokens=4, temperature=0), use_tqdm=False)
     llm.reset_prefix_cache()
-    engine.kv.prefix_stats.queries = engine.kv.prefix_stats.hits = 0
-    preempt0 = engine.scheduler.num_preemptions
+    engine.core.prefix_stats.queries = engine.core.prefix_stats.hits = 0
+    preempt0 = engine.core.scheduler.num_preemptions
     t0 = time.monotonic()
     for i, prompt in enumerate(wl.prompts):
         engine.add_request(f"p{i}", {"prompt_token_ids": prompt}, params, arrival_time=t0)
@@ -87,8 +87,8 @@ def run_engine(wl: Workload, prefix_caching: bool, engine_kwargs: dict, log=prin
     assert produced == wl.output_len * len(wl.suffixes), "wrong number of output tokens"
     r = RunResult(f"caching {'on' if prefix_caching else 'off'}", seconds, len(outs), sum(map(len, wl.prompts)),
                   produced, prefix_caching, percentile(ttfts, 50), percentile(ttfts, 99), sum(ttfts) / len(ttfts),
-                  sum(o.num_cached_tokens for o in outs.values()), engine.scheduler.num_preemptions - preempt0,
-                  engine.kv.num_blocks)
+                  sum(o.num_cached_tokens for o in outs.values()), engine.core.scheduler.num_preemptions - preempt0,
+                  engine.kv_capacity_tokens // engine.config.cache.block_size)
     log(f"prefix caching {'on' if prefix_caching else 'off'}: {seconds:.1f}s, {r.output_tokens_per_s:.1f} out tok/s, "
         f"TTFT p50 {r.ttft_p50:.2f}s p99 {r.ttft_p99:.2f}s, cached prompt tokens {r.cached_prompt_tokens}")
     return r
@@ -109,33 +109,33 @@ class Capacity:
 
 def dry_run_peak_running(wl: Workload, num_blocks: int, block_size: int, prefix_caching: bool,
                          num_requests: int) -> int:
-    """Run the workload through the real Scheduler/KVCacheManager with a stub in place of the model;
-    return the largest number of sequences running at once. The token budget per step is unlimited,
-    so memory alone limits admission (with a finite budget, the admission rate does: with caching on,
-    prefills are short and the running set settles where admissions per step equal completions)."""
+    """Run the workload through the real EngineCore (scheduler, KV manager, lifecycle) with a
+    DryRunExecutor in place of the model; return the largest number of sequences running at once.
+    The first request runs one step alone, so the shared prefix is in the cache (a block becomes
+    findable once its KV is written) before the others arrive. The token budget per step is
+    unlimited, so memory alone limits admission (with a finite budget, the admission rate does: with
+    caching on, prefills are short and the running set settles where admissions per step equal
+    completions)."""
+    from tokenmill.core.dry_run import DryRunExecutor
+    from tokenmill.core.engine_core import EngineCore
     from tokenmill.core.kv_cache_manager import KVCacheManager
-    from tokenmill.core.scheduler import Scheduler, SchedulerConfig
-    from tokenmill.request import FinishReason, Request
+    from tokenmill.core.scheduler import SchedulerConfig
+    from tokenmill.request import Request
     from tokenmill.sampling_params import SamplingParams
 
-    kv = KVCacheManager(num_blocks, block_size, prefix_caching)
-    sched = Scheduler(SchedulerConfig(max_num_batched_tokens=1 << 30, max_num_seqs=1 << 30,
-                                      max_model_len=1 << 20), kv)
+    core = EngineCore(SchedulerConfig(max_num_batched_tokens=1 << 30, max_num_seqs=1 << 30, max_model_len=1 << 20),
+                      KVCacheManager(num_blocks, block_size, prefix_caching), DryRunExecutor(token_id=1))
     params = SamplingParams(max_tokens=wl.output_len, ignore_eos=True)
     suffix_len = len(wl.suffixes[0])
+    peak = 0
     for i in range(num_requests):
         suffix = [(i * 7919 + j) % 50_000 + 100 for j in range(suffix_len)]  # distinct per request
-        sched.add_request(Request(str(i), wl.prefix + suffix, params, None, 0.0, wl.output_len))
-    peak = 0
-    while sched.has_unfinished():
-        out = sched.schedule()
-        sched.update_after_step(out)
-        peak = max(peak, len(sched.running))
-        for req, _ in out.scheduled:
-            if req.num_computed_tokens == req.num_tokens:
-                req.append_token(1, 0.0)
-                if req.num_output_tokens >= req.max_tokens:
-                    sched.finish_request(req, FinishReason.LENGTH)
+        core.add_request(Request(str(i), wl.prefix + suffix, params, None, 0.0, wl.output_len))
+        if i == 0:
+            core.step()
+    while core.has_unfinished_requests():
+        core.step()
+        peak = max(peak, len(core.scheduler.running))
     return peak
 
 
@@ -143,12 +143,15 @@ def capacities(wl: Workload, model: str | None, dtype: str, budget_gb: float, bl
                kv_dtypes=("auto", "int8", "fp8"), include_bf16: bool = True) -> list[Capacity]:
     import torch
 
-    from tokenmill.engine.engine import resolve_model_folder
+    from tokenmill.engine.resolve import resolve_model_folder
     from tokenmill.models.model_config import load_model_config
-    from tokenmill.worker.model_runner import kv_cache_spec, num_kv_blocks_for_budget, resolve_dtype
+
+    from tokenmill.engine.resolve import TORCH_DTYPES, resolve_dtype
+    from tokenmill.models.registry import get_model_class
 
     cfg = load_model_config(resolve_model_folder(model))
-    model_dtype = resolve_dtype(dtype, cfg)
+    cls = get_model_class(cfg.architecture)
+    model_dtype = TORCH_DTYPES[resolve_dtype(dtype)]
     rows = [("auto", torch.bfloat16)] if include_bf16 and model_dtype != torch.bfloat16 else []
     rows += [(k, model_dtype) for k in kv_dtypes]
     budget = int(budget_gb * (1 << 30))
@@ -157,13 +160,13 @@ def capacities(wl: Workload, model: str | None, dtype: str, budget_gb: float, bl
     # enough requests that the budget, not the workload, limits concurrency
     out = []
     for kvd, dt in rows:
-        blocks = num_kv_blocks_for_budget(cfg, kvd, dt, block_size, budget)
+        per_token = cls.kv_bytes_per_token(cfg, kvd, dt, block_size)
+        blocks = int(budget // (per_token * block_size))
         fit_unshared = blocks // per_seq
         fit_shared = (blocks - shared) // (per_seq - shared)
         n = 3 * fit_shared + 16
         out.append(Capacity(
-            kvd, str(dt).removeprefix("torch."), kv_cache_spec(cfg, kvd, dt, block_size).bytes_per_token * cfg.num_layers,
-            blocks, fit_unshared, fit_shared,
+            kvd, str(dt).removeprefix("torch."), per_token, blocks, fit_unshared, fit_shared,
             dry_run_peak_running(wl, blocks, block_size, False, n),
             dry_run_peak_running(wl, blocks, block_size, True, n)))
     return out
@@ -234,7 +237,7 @@ def add_parser(subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from tokenmill.bench.offline import machine
-    from tokenmill.engine.engine import resolve_model_folder
+    from tokenmill.engine.resolve import resolve_model_folder
     from tokenmill.models.model_config import load_model_config
 
     if args.num_requests < 1 or args.prefix_len < 0 or args.suffix_len < 1 or args.output_len < 1:

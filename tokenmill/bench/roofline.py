@@ -84,7 +84,7 @@ class _ForwardTimer:
 def measure_prefill(llm, tokens_per_seq: int = 256, num_seqs: int = 4) -> dict:
     from tokenmill import SamplingParams
     engine = llm.llm_engine
-    cfg = engine.model_cfg
+    cfg = engine.config.model.arch
     for i in range(num_seqs):
         engine.add_request(f"p{i}", {"prompt_token_ids": [100 + i] * tokens_per_seq},
                            SamplingParams(max_tokens=1, temperature=0))
@@ -105,8 +105,8 @@ def measure_decode(llm, batch: int, context: int = 256, steps: int = 8) -> dict:
     for i, rid in enumerate(ids):
         engine.add_request(rid, {"prompt_token_ids": [200 + i % 50] * context + [i]},
                            SamplingParams(max_tokens=steps + 64, temperature=0, ignore_eos=True))
-    while engine.scheduler.waiting or any(r.num_computed_tokens < r.num_prompt_tokens
-                                          for r in engine.scheduler.running):
+    scheduler = engine.core.scheduler
+    while scheduler.waiting or any(r.num_computed_tokens < r.num_prompt_tokens for r in scheduler.running):
         engine.step()
     engine.step()
     timer = _ForwardTimer(engine.runner.model)
@@ -132,7 +132,7 @@ def run(args: argparse.Namespace) -> int:
     from tokenmill.bench.offline import machine
     llm = LLM(dtype=args.dtype, max_num_batched_tokens=1024, enable_prefix_caching=False)
     engine = llm.llm_engine
-    dtype = engine.dtype
+    dtype = engine.runner.dtype
     res: dict = {"machine": machine(), "date": time.strftime("%Y-%m-%d %H:%M"), "dtype": str(dtype),
                  "threads": torch.get_num_threads()}
     res["matmul_peak_gflops"] = matmul_peak(dtype)

@@ -1,4 +1,5 @@
-"""KV cache manager: three calls (find cached prefix, allocate slots, free) over a BlockPool."""
+"""KV cache manager: three calls (find cached prefix, allocate slots, free) over a BlockPool, plus
+`cache_blocks`, which makes blocks findable once their KV is written."""
 from __future__ import annotations
 
 import hashlib
@@ -26,21 +27,26 @@ class PrefixCacheStats:
 
 
 class KVCacheManager:
+    """`extra_key` is everything besides the tokens that changes the KV bytes: the model's content
+    identity (architecture, config, dtype, weights' fingerprint) and the KV cache dtype — never a
+    local path, so two engines on different machines agree on every block hash."""
+
     def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True,
                  extra_key: str = "", watermark: float = 0.01) -> None:
         self.block_size = block_size
         self.pool = BlockPool(num_blocks, enable_caching)
         self.enable_caching = enable_caching
-        self.extra_key = extra_key  # anything that changes the KV bytes: model, kv dtype
+        self.extra_key = extra_key
         self.watermark_blocks = int(watermark * num_blocks)
         self.req_blocks: dict[str, list[KVBlock]] = {}
+        self.num_cached_blocks: dict[str, int] = {}  # leading blocks of a request already offered to the cache
         self.prefix_stats = PrefixCacheStats()
 
     @property
     def num_blocks(self) -> int:
         return self.pool.num_blocks
 
-    def _block_hashes(self, request: Request, num_tokens: int) -> list[bytes]:
+    def block_hashes(self, request: Request, num_tokens: int) -> list[bytes]:
         """Hashes of the full blocks among the first num_tokens tokens, extended incrementally."""
         hashes = request.block_hashes
         bs = self.block_size
@@ -58,7 +64,7 @@ class KVCacheManager:
             return [], 0
         max_blocks = (request.num_tokens - 1) // self.block_size
         blocks: list[KVBlock] = []
-        for h in self._block_hashes(request, max_blocks * self.block_size)[:max_blocks]:
+        for h in self.block_hashes(request, max_blocks * self.block_size)[:max_blocks]:
             block = self.pool.lookup(h)
             if block is None:
                 break
@@ -66,15 +72,17 @@ class KVCacheManager:
         return blocks, len(blocks) * self.block_size
 
     # -- call 2 ---------------------------------------------------------------------------------
-    def allocate_slots(self, request: Request, num_new_tokens: int,
-                       computed_blocks: list[KVBlock] | None = None, admit: bool = False) -> bool:
-        """Make room for num_new_tokens after the computed ones. `computed_blocks` are cached prefix
-        blocks a waiting request adopts. New admissions keep a watermark of free blocks, so running
-        requests can grow before anyone has to be preempted. Returns False if it does not fit."""
+    def allocate_slots(self, request: Request, num_new_tokens: int, computed_blocks: list[KVBlock] | None = None,
+                       num_lookahead_tokens: int = 0, admit: bool = False) -> bool:
+        """Make room for num_new_tokens (plus num_lookahead_tokens speculative slots) after the
+        computed ones. `computed_blocks` are cached prefix blocks a waiting request adopts. New
+        admissions keep a watermark of free blocks, so running requests can grow before anyone has
+        to be preempted. Returns False if it does not fit. Nothing becomes findable by hash here:
+        see cache_blocks."""
         computed_blocks = computed_blocks or []
         owned = self.req_blocks.get(request.request_id, [])
         num_computed = request.num_computed_tokens + len(computed_blocks) * self.block_size
-        total = num_computed + num_new_tokens
+        total = num_computed + num_new_tokens + num_lookahead_tokens
         needed = cdiv(total, self.block_size) - len(owned) - len(computed_blocks)
         # Cached blocks with ref 0 sit in the free queue: adopting them uses free capacity too.
         reviving = sum(1 for b in computed_blocks if b.ref_cnt == 0)
@@ -86,22 +94,33 @@ class KVCacheManager:
         blocks.extend(computed_blocks)
         if needed > 0:
             blocks.extend(self.pool.allocate(needed))
-        if self.enable_caching:
-            self._cache_full_blocks(request, blocks, total)
+        if computed_blocks:
+            self.num_cached_blocks[request.request_id] = len(computed_blocks)
         return True
 
-    def _cache_full_blocks(self, request: Request, blocks: list[KVBlock], num_tokens: int) -> None:
-        # Only tokens of the prompt and already-sampled outputs are known; the KV of blocks filled in
-        # this step is written before any attention reads it, so caching at allocation time is safe.
-        num_full = min(num_tokens, request.num_tokens) // self.block_size
-        hashes = self._block_hashes(request, num_full * self.block_size)
-        for i in range(num_full):
+    def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
+        """The KV of the first num_computed_tokens tokens is written (a step computed it, or a
+        transfer landed): their full blocks become findable by hash. Never call it for slots whose
+        KV is not final (rolled-back speculative tokens are never passed here)."""
+        if not self.enable_caching:
+            return
+        blocks = self.req_blocks.get(request.request_id)
+        if not blocks:
+            return
+        num_full = min(num_computed_tokens, request.num_tokens) // self.block_size
+        done = self.num_cached_blocks.get(request.request_id, 0)
+        if num_full <= done:
+            return
+        hashes = self.block_hashes(request, num_full * self.block_size)
+        for i in range(done, num_full):
             if blocks[i].block_hash is None:
                 self.pool.cache_block(blocks[i], hashes[i])
+        self.num_cached_blocks[request.request_id] = num_full
 
     # -- call 3 ---------------------------------------------------------------------------------
     def free(self, request: Request) -> None:
         blocks = self.req_blocks.pop(request.request_id, [])
+        self.num_cached_blocks.pop(request.request_id, None)
         self.pool.free(list(reversed(blocks)))
 
     # -- queries --------------------------------------------------------------------------------
@@ -110,6 +129,10 @@ class KVCacheManager:
 
     def can_ever_fit(self, num_tokens: int) -> bool:
         return cdiv(num_tokens, self.block_size) <= self.pool.num_blocks
+
+    @property
+    def capacity_tokens(self) -> int:
+        return self.pool.num_blocks * self.block_size
 
     def usage(self) -> float:
         return self.pool.num_used_blocks / self.pool.num_blocks

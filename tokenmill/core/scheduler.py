@@ -3,41 +3,37 @@
 Each step: running requests first (decodes and unfinished prefill chunks), then waiting requests
 fill what is left of the budget (Sarathi-style chunked prefill). When a running request cannot grow,
 the most recently admitted one is preempted by recompute. Torch-free: sim/ reuses it.
+
+The output is plain data (`SchedulerOutput`): the executor sees a request in full the first time it
+is scheduled (and again after a preemption), then only its new block ids.
 """
 from __future__ import annotations
 
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from tokenmill.core.kv_cache_manager import KVCacheManager
+from tokenmill.core.scheduler_output import CachedRequestData, NewRequestData, SchedulerOutput
 from tokenmill.request import FinishReason, Request, RequestStatus
 
 
-@dataclass
+@dataclass(frozen=True)
 class SchedulerConfig:
     max_num_batched_tokens: int = 2048
     max_num_seqs: int = 128
     max_model_len: int = 8192
     long_prefill_token_threshold: int = 0  # >0: cap on one prompt's chunk per step
+    num_lookahead_tokens: int = 0  # KV slots reserved past the known tokens (speculative decoding)
 
     def __post_init__(self) -> None:
         for name in ("max_num_batched_tokens", "max_num_seqs", "max_model_len"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-
-
-@dataclass
-class SchedulerOutput:
-    # request -> tokens to compute this step, in batch order
-    scheduled: list[tuple[Request, int]] = field(default_factory=list)
-    block_ids: dict[str, list[int]] = field(default_factory=dict)
-    preempted: list[Request] = field(default_factory=list)
-    num_batched_tokens: int = 0
-
-    @property
-    def is_empty(self) -> bool:
-        return not self.scheduled
+        for name in ("long_prefill_token_threshold", "num_lookahead_tokens"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
 
 
 @dataclass
@@ -50,16 +46,24 @@ class SchedulerStats:
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, kv: KVCacheManager) -> None:
+    def __init__(self, config: SchedulerConfig, kv: KVCacheManager,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.config = config
         self.kv = kv
+        self.clock = clock
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
         self.num_preemptions = 0
+        self._sent_blocks: dict[str, int] = {}  # request id -> block ids the executor holds now
+        self._known: set[str] = set()  # request ids the executor has seen (until they finish)
+        self._finished_ids: set[str] = set()  # ended since the last executed schedule()
+        self._preempted_ids: list[str] = []  # preempted in a schedule() that ran nothing
 
     # -- queue management -------------------------------------------------------------------------
     def add_request(self, request: Request) -> None:
+        if request.request_id in self.requests:
+            raise ValueError(f"request_id {request.request_id!r} is already in use")
         self.waiting.append(request)
         self.requests[request.request_id] = request
 
@@ -76,30 +80,40 @@ class Scheduler:
         self.kv.free(request)
         request.status = RequestStatus.FINISHED
         request.finish_reason = reason
-        request.events.finished = time.monotonic()
+        request.events.finished = self.clock()
         self.requests.pop(request.request_id, None)
+        self._sent_blocks.pop(request.request_id, None)
+        if request.request_id in self._known:
+            self._known.discard(request.request_id)
+            self._finished_ids.add(request.request_id)
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
 
     # -- the step decision --------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
-        out = SchedulerOutput()
-        budget = self.config.max_num_batched_tokens
-        now = time.monotonic()
-        budget = self._schedule_running(out, budget)
-        if not out.preempted:
-            self._schedule_waiting(out, budget, now)
-        for req, _ in out.scheduled:
-            out.block_ids[req.request_id] = self.kv.block_ids(req.request_id)
-        out.num_batched_tokens = sum(n for _, n in out.scheduled)
+        out = SchedulerOutput(finished_request_ids=self._finished_ids, preempted_request_ids=self._preempted_ids)
+        self._finished_ids, self._preempted_ids = set(), []
+        preemptions = self.num_preemptions
+        budget = self._schedule_running(out, self.config.max_num_batched_tokens)
+        if self.num_preemptions == preemptions:  # under memory pressure nobody new is admitted
+            self._schedule_waiting(out, budget, self.clock())
         return out
+
+    def defer(self, out: SchedulerOutput) -> None:
+        """`out` scheduled nothing and was not executed: its news goes out with the next one."""
+        self._finished_ids |= out.finished_request_ids
+        self._preempted_ids += out.preempted_request_ids
 
     def _chunk(self, req: Request, budget: int) -> int:
         n = min(req.num_tokens - req.num_computed_tokens, budget)
         if self.config.long_prefill_token_threshold > 0:
             n = min(n, self.config.long_prefill_token_threshold)
         return n
+
+    def _lookahead(self, req: Request, start: int, n: int) -> int:
+        # lookahead slots only for a request that will sample this step
+        return self.config.num_lookahead_tokens if start + n == req.num_tokens else 0
 
     def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
         i = 0
@@ -109,13 +123,13 @@ class Scheduler:
             if n <= 0:
                 i += 1
                 continue
-            while not self.kv.allocate_slots(req, n):
+            while not self.kv.allocate_slots(req, n, num_lookahead_tokens=self._lookahead(req, req.num_computed_tokens, n)):
                 victim = self.running[-1]
                 self._preempt(victim, out)
                 if victim is req:
                     break
             else:
-                out.scheduled.append((req, n))
+                self._emit(out, req, n)
                 budget -= n
                 i += 1
                 continue
@@ -130,18 +144,21 @@ class Scheduler:
         req.events.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.appendleft(req)
-        out.preempted.append(req)
-        out.scheduled = [(r, n) for r, n in out.scheduled if r is not req]
+        rid = req.request_id
+        if self._sent_blocks.pop(rid, None) is not None:
+            out.preempted_request_ids.append(rid)
+        if out.num_scheduled_tokens.pop(rid, None) is not None:
+            out.cached_requests = [c for c in out.cached_requests if c.request_id != rid]
 
     def _schedule_waiting(self, out: SchedulerOutput, budget: int, now: float) -> None:
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             req = self.waiting[0]
             cached_blocks, num_cached = self.kv.get_computed_blocks(req)
-            remaining = req.num_tokens - num_cached
-            n = min(remaining, budget)
+            n = min(req.num_tokens - num_cached, budget)
             if self.config.long_prefill_token_threshold > 0:
                 n = min(n, self.config.long_prefill_token_threshold)
-            if not self.kv.allocate_slots(req, n, cached_blocks, admit=bool(self.running)):
+            lookahead = self._lookahead(req, num_cached, n)
+            if not self.kv.allocate_slots(req, n, cached_blocks, lookahead, admit=bool(self.running)):
                 break  # memory pressure: new requests wait, running ones are not evicted for them
             self.waiting.popleft()
             if req.status == RequestStatus.WAITING:  # first admission (not a resume)
@@ -152,12 +169,32 @@ class Scheduler:
             if req.events.first_scheduled is None:
                 req.events.first_scheduled = now
             self.running.append(req)
-            out.scheduled.append((req, n))
+            self._emit(out, req, n)
             budget -= n
 
+    def _emit(self, out: SchedulerOutput, req: Request, n: int) -> None:
+        rid = req.request_id
+        block_ids = self.kv.block_ids(rid)
+        sent = self._sent_blocks.get(rid)
+        if sent is None:
+            out.new_requests.append(NewRequestData(
+                rid, req.prompt_token_ids, req.output_token_ids, req.params, req.eos_token_id, block_ids,
+                req.num_computed_tokens))
+        else:
+            out.cached_requests.append(CachedRequestData(rid, block_ids[sent:], req.num_computed_tokens))
+        self._sent_blocks[rid] = len(block_ids)
+        self._known.add(rid)
+        out.num_scheduled_tokens[rid] = n
+
     def update_after_step(self, out: SchedulerOutput) -> None:
-        for req, n in out.scheduled:
+        """The step computed what was scheduled: advance the counters and offer the now-written
+        full blocks to the prefix cache."""
+        for rid, n in out.num_scheduled_tokens.items():
+            req = self.requests.get(rid)
+            if req is None:
+                continue
             req.num_computed_tokens += n
+            self.kv.cache_blocks(req, req.num_computed_tokens)
 
     def stats(self) -> SchedulerStats:
         used_slots = self.kv.pool.num_used_blocks * self.kv.block_size

@@ -169,7 +169,7 @@ class AsyncLLMEngine:
 
     @property
     def vocab_size(self) -> int:
-        return self.engine.model_cfg.vocab_size
+        return self.engine.vocab_size
 
     def next_request_id(self) -> str:
         return self.engine.next_request_id()

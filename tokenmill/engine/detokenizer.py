@@ -27,6 +27,13 @@ class IncrementalDetokenizer:
         self.tokenizer = tokenizer
         # the Rust tokenizer's decode skips transformers' per-call Python conversions (~5x faster)
         self._fast = getattr(tokenizer, "backend_tokenizer", None)
+        self._token_text: dict[int, str] = {}  # one token decoded alone (logprob entries), bounded by the vocab
+
+    def token_text(self, token_id: int) -> str:
+        text = self._token_text.get(token_id)
+        if text is None:
+            text = self._token_text[token_id] = self._decode([token_id], False)
+        return text
 
     def start(self, prompt_token_ids: list[int], stops: list[str], skip_special: bool) -> DetokState:
         n = len(prompt_token_ids)
@@ -39,8 +46,10 @@ class IncrementalDetokenizer:
         return self.tokenizer.decode(ids, skip_special_tokens=skip_special,
                                      clean_up_tokenization_spaces=False)
 
-    def add_token(self, st: DetokState, token_id: int) -> str:
-        """Append one token; returns the newly completed text (may be empty)."""
+    def add_token(self, st: DetokState, token_id: int, check_stops: bool = True) -> str:
+        """Append one token; returns the newly completed text (may be empty). Stop strings are
+        searched only with check_stops (once min_tokens are out, as vLLM), and only in the new text
+        plus the overlap a stop string could span, so text produced before that is never cut."""
         st.token_ids.append(token_id)
         prefix = self._decode(st.token_ids[st.prefix_offset:st.read_offset], st.skip_special)
         full = self._decode(st.token_ids[st.prefix_offset:], st.skip_special)
@@ -55,6 +64,8 @@ class IncrementalDetokenizer:
             st.prefix_offset = 0
         start = max(0, len(st.text) - max((len(s) for s in st.stops), default=0))
         st.text += delta
+        if not check_stops:
+            return delta
         found = [(i, stop) for stop in st.stops if (i := st.text.find(stop, start)) != -1]
         if found:
             i, st.stop_hit = min(found)

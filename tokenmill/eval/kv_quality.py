@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from tokenmill.models.registry import get_model_class
+
 from tokenmill.attention.backend import BatchLayout
 from tokenmill.data import read_text
 
@@ -86,7 +88,7 @@ def chunked_scores(engine, token_ids: list[int], chunk: int = 256) -> tuple[torc
     cache, then its attention reads all K/V up to itself back from the cache, like a chunked
     prefill. Blocks come from the engine's block pool (evicting any cached prefix they held) and go
     back afterwards, so the prefix cache stays consistent. The engine must be idle."""
-    runner, pool = engine.runner, engine.kv.pool
+    runner, pool = engine.runner, engine.core.kv.pool
     if pool.num_used_blocks:
         raise RuntimeError("chunked_scores needs an idle engine (requests hold KV blocks)")
     bs, n = runner.block_size, len(token_ids)
@@ -123,10 +125,10 @@ def use_kv_cache(engine, kv_cache_dtype: str, scale_format: str = "log8") -> Non
     with the same number of blocks, so several KV dtypes can be compared on one loaded model. The
     prefix cache is reset and re-keyed, since cached blocks do not survive the swap."""
     from tokenmill.attention.kv_cache import KVCacheSpec, make_kv_cache_spec
-    runner, kv = engine.runner, engine.kv
+    runner, kv = engine.runner, engine.core.kv
     if engine.has_unfinished_requests() or kv.pool.num_used_blocks:
         raise RuntimeError("use_kv_cache needs an idle engine")
-    cfg = runner.model_cfg
+    cfg = engine.config.model.arch
     if kv_cache_dtype in _PLAIN_KV_DTYPES:  # a plain cache in another float dtype (reference points)
         spec = KVCacheSpec(runner.num_blocks, runner.block_size, cfg.num_kv_heads, cfg.head_dim,
                            _PLAIN_KV_DTYPES[kv_cache_dtype])
@@ -135,9 +137,9 @@ def use_kv_cache(engine, kv_cache_dtype: str, scale_format: str = "log8") -> Non
                                   runner.num_blocks, scale_format)
     runner.kv_caches = []  # free the old tensors before allocating the new ones
     runner.kv_caches = [spec.allocate() for _ in range(cfg.num_layers)]
-    runner.kv_spec, runner.kv_cache_dtype = spec, kv_cache_dtype
+    runner.kv_spec = spec
     runner.kv_bytes_per_token = spec.bytes_per_token * cfg.num_layers
-    kv.extra_key = f"{engine.model_folder}|{runner.dtype}|{kv_cache_dtype}|{getattr(spec, 'scale_format', '')}"
+    kv.extra_key = f"{engine.config.model.content_id}|kv={kv_cache_dtype}|{getattr(spec, 'scale_format', '')}"
     kv.reset_prefix_cache()
 
 
@@ -171,21 +173,20 @@ def evaluate(model: str | None = None, variants: list[Variant] | None = None, nu
     """One model load; each variant gets its own KV cache (use_kv_cache). The first variant is the
     reference for agreement."""
     from tokenmill import LLM, SamplingParams
-    from tokenmill.worker.model_runner import kv_cache_spec, num_kv_blocks_for_budget
 
     variants = variants or default_variants()
     prompts = PROMPTS[:num_prompts]
     if llm is None:
         from transformers import AutoTokenizer
 
-        from tokenmill.engine.engine import resolve_model_folder
+        from tokenmill.engine.resolve import resolve_model_folder
         folder = resolve_model_folder(model)
         tok = AutoTokenizer.from_pretrained(str(folder))
         n_text = len(tok.encode(read_text(), add_special_tokens=False))
         need = max(num_tokens or n_text, sum(len(tok.encode(p)) + gen_tokens + 16 for p in prompts))
         llm = LLM(str(folder), dtype=dtype, num_kv_blocks=-(-need // 16) + 8)
     engine = llm.llm_engine
-    cfg = engine.model_cfg
+    cfg = engine.config.model.arch
     ids = llm.get_tokenizer().encode(read_text(), add_special_tokens=False)
     ids = ids[:num_tokens] if num_tokens else ids
     params = SamplingParams(max_tokens=gen_tokens, temperature=0, ignore_eos=True)
@@ -206,13 +207,12 @@ def evaluate(model: str | None = None, variants: list[Variant] | None = None, nu
         results.append(r)
         log(f"{variant.name}: ppl {ppl:.4f} over {len(ids)} tokens, top-1 agreement {r.top1_agreement:.4f}, "
             f"{r.bytes_per_token:.0f} B/token, {r.blocks_at_half_gib} blocks at 0.5 GiB, {r.seconds:.0f}s")
-    use_kv_cache(engine, engine.config.kv_cache_dtype)
+    use_kv_cache(engine, engine.config.cache.kv_cache_dtype)
     for r in results:
         if results[0].outputs:
             r.prefix_agreement, r.overall_agreement, r.identical = agreement(results[0].outputs, r.outputs)
-    bf16 = kv_cache_spec(cfg, "auto", torch.bfloat16, 16)
-    return Report(results, len(ids), bf16.bytes_per_token * cfg.num_layers,
-                  num_kv_blocks_for_budget(cfg, "auto", torch.bfloat16, 16, 1 << 29))
+    bf16_per_token = get_model_class(cfg.architecture).kv_bytes_per_token(cfg, "auto", torch.bfloat16, 16)
+    return Report(results, len(ids), bf16_per_token, int((1 << 29) // (bf16_per_token * 16)))
 
 
 def default_variants(ablation: bool = False) -> list[Variant]:

@@ -17,8 +17,20 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Protocol
 
+from tokenmill.core.kv_cache_manager import PrefixCacheStats
+from tokenmill.core.outputs import IterationStats
+from tokenmill.core.scheduler import SchedulerStats
 from tokenmill.request import Request
+
+
+class StatLogger(Protocol):
+    """Receives, after every engine step (and after aborts), the scheduler's gauges, the step's
+    statistics and the requests that ended."""
+
+    def record(self, sched: SchedulerStats, it: IterationStats, finished: list[Request],
+               prefix: PrefixCacheStats, evictions: int) -> None: ...
 
 
 @dataclass

@@ -9,6 +9,7 @@ from torch import nn
 
 from tokenmill.kernels import cpu_ops
 from tokenmill.models.linear import Linear
+from tokenmill.quant import QuantConfig
 
 
 def _fused(x: torch.Tensor) -> bool:
@@ -60,7 +61,7 @@ class RotaryEmbedding(nn.Module):
 
     def __init__(self, head_dim: int, max_positions: int, theta: float, scaling: dict | None) -> None:
         super().__init__()
-        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64, device="cpu").float() / head_dim))
         rope_type = (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
         if rope_type == "llama3":
             inv_freq = _llama3_inv_freq(inv_freq, scaling)
@@ -68,10 +69,11 @@ class RotaryEmbedding(nn.Module):
             inv_freq = inv_freq / scaling["factor"]
         elif rope_type not in ("default", None):
             raise ValueError(f"unsupported rope_scaling type {rope_type!r}; supported: default, linear, llama3")
-        freqs = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv_freq)
+        freqs = torch.outer(torch.arange(max_positions, dtype=torch.float32, device="cpu"), inv_freq)
         emb = torch.cat([freqs, freqs], dim=-1)
-        self.register_buffer("cos", emb.cos(), persistent=False)
-        self.register_buffer("sin", emb.sin(), persistent=False)
+        # plain attributes, not buffers: built for real even when the model is created on the meta
+        # device, and left alone by to_empty() and dtype casts
+        self.cos, self.sin = emb.cos(), emb.sin()
 
     def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """Gathered once per step and shared by every layer: [T, D] each."""
@@ -98,10 +100,13 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
 class SwiGLU(nn.Module):
     """gate and up projections fused into one matmul."""
 
-    def __init__(self, hidden: int, intermediate: int) -> None:
+    def __init__(self, hidden: int, intermediate: int, quant: QuantConfig, prefix: str) -> None:
         super().__init__()
-        self.gate_up_proj = Linear(hidden, 2 * intermediate, bias=False)
-        self.down_proj = Linear(intermediate, hidden, bias=False)
+        self.gate_up_proj = Linear(hidden, [intermediate, intermediate],
+                                   quant_method=quant.get_linear_method(f"{prefix}.gate_up_proj"),
+                                   prefix=f"{prefix}.gate_up_proj")
+        self.down_proj = Linear(intermediate, hidden, quant_method=quant.get_linear_method(f"{prefix}.down_proj"),
+                                prefix=f"{prefix}.down_proj")
         self.intermediate = intermediate
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

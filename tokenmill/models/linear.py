@@ -1,73 +1,71 @@
-"""Dense linear layer with the fastest CPU GEMM we measured.
+"""A linear layer whose storage and matmul belong to its `quant_method`, a `LinearMethod`: the
+weight-format seam.
 
-`prepack()` is called once after the weights are loaded. With our C++ kernels it packs the float32
-weight into 16-column panels for `torch.ops.tokenmill.panel_linear`, which on this class of machine
-(2 cores, AVX2) matches or beats oneDNN at every batch size: 1.3-2x at 1-8 rows (it streams the
-weight at 17-20 GB/s), 1.1-1.5x at 16-64 rows, parity at prefill sizes (see docs/BENCHMARKS.md).
-Without the kernels it falls back to oneDNN's blocked layout (`_reorder_linear_weight`), and to
-F.linear where neither applies. The plain copy is freed (a shape-only placeholder stays) unless the
-weight is shared, e.g. tied to the embedding."""
+A method does four things for its layer: `create_weights` (parameters on the layer, any dtype or
+packing), `load_weight` (one checkpoint tensor into a parameter, optionally into one shard of a
+fused layer — the per-parameter weight loader), `load` (once every tensor is in: repack, free
+what is not needed) and `apply` (y = x Wᵀ + b). A weight format (int8, int4, GGUF blocks, ...) is a
+new method; model code never branches on it. The unquantized methods live in
+tokenmill/quant/unquantized.py.
+
+Fused layers (q/k/v, gate/up) declare `output_sizes`: shard i of a checkpoint lands in rows
+sum(output_sizes[:i]) .. sum(output_sizes[:i+1]).
+"""
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
+
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from tokenmill.kernels import cpu_ops
 
+class LinearMethod(ABC):
+    @abstractmethod
+    def create_weights(self, layer: Linear, in_features: int, out_features: int, bias: bool) -> None: ...
 
-def _has_onednn_linear() -> bool:
-    try:
-        return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
-    except (AttributeError, RuntimeError):
-        return False
+    def load_weight(self, layer: Linear, name: str, tensor: torch.Tensor, rows: slice | None) -> None:
+        """Copy a checkpoint tensor into parameter `name` (rows of it for a fused shard)."""
+        param = getattr(layer, name)
+        dst = param if rows is None else param[rows]
+        if dst.shape != tensor.shape:
+            raise ValueError(f"{layer.prefix}.{name}: checkpoint shape {tuple(tensor.shape)}, "
+                             f"expected {tuple(dst.shape)}")
+        with torch.no_grad():
+            dst.copy_(tensor.to(param.dtype))
 
+    def load(self, layer: Linear) -> None:
+        """Every checkpoint tensor is in: repack or convert (default: nothing to do)."""
 
-_ONEDNN = _has_onednn_linear()
-
-
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """x: [..., in], weight: [out, in]."""
-    if _ONEDNN and x.dtype == torch.float32 and not x.requires_grad and x.dim() == 2:
-        return torch.ops.mkldnn._linear_pointwise(x.contiguous(), weight, bias, "none", [], "")
-    return F.linear(x, weight, bias)
+    @abstractmethod
+    def apply(self, layer: Linear, x: torch.Tensor) -> torch.Tensor: ...
 
 
 class Linear(nn.Module):
-    def __init__(self, in_features: int, out_features: int, bias: bool = False) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.empty(out_features, in_features))
-        self.bias = nn.Parameter(torch.zeros(out_features)) if bias else None
-        self.panels: torch.Tensor | None = None  # [out/16, in, 16] for panel_linear (float32)
-        self.onednn: torch.Tensor | None = None  # oneDNN blocked copy, when our kernels are unavailable
+    """y = x Wᵀ + b with W [out, in]. `tied`: the weight is shared with another module (e.g. the
+    embedding), so a method must keep the plain tensor."""
 
-    def prepack(self, free_plain: bool) -> None:
-        w = self.weight.detach()
-        if w.dtype != torch.float32:
-            return
-        if cpu_ops.load():
-            self.panels = torch.ops.tokenmill.pack_panels(w)
-        elif _ONEDNN and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"):
-            self.onednn = torch.ops.mkldnn._reorder_linear_weight(w)
-        else:
-            return
-        if free_plain:  # the shape stays visible (parameter counts, byte counts), the memory goes
-            self.weight = nn.Parameter(torch.empty(self.weight.shape, device="meta"), requires_grad=False)
+    def __init__(self, in_features: int, output_sizes: int | list[int], bias: bool = False,
+                 quant_method: LinearMethod | None = None, prefix: str = "") -> None:
+        super().__init__()
+        self.output_sizes = [output_sizes] if isinstance(output_sizes, int) else list(output_sizes)
+        self.in_features, self.out_features = in_features, sum(self.output_sizes)
+        self.prefix = prefix
+        self.tied = False
+        if quant_method is None:
+            from tokenmill.quant.unquantized import PlainLinearMethod
+            quant_method = PlainLinearMethod()
+        self.quant_method = quant_method
+        quant_method.create_weights(self, in_features, self.out_features, bias)
+
+    def shard_rows(self, shard: int) -> slice:
+        start = sum(self.output_sizes[:shard])
+        return slice(start, start + self.output_sizes[shard])
+
+    def load_weight(self, name: str, tensor: torch.Tensor, shard: int | None = None) -> None:
+        self.quant_method.load_weight(self, name, tensor, None if shard is None else self.shard_rows(shard))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dtype == torch.float32 and x.dim() == 2 and not x.requires_grad:
-            if self.panels is not None:
-                return torch.ops.tokenmill.panel_linear(x, self.panels, self.weight.shape[0], self.bias)
-            if self.onednn is not None:
-                return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self.onednn, self.bias, "none", [], "")
-        return linear(x, self.weight, self.bias)
+        return self.quant_method.apply(self, x)
 
-
-def prepack_linears(model: nn.Module) -> None:
-    """Prepack every Linear of a loaded model; shared weights (tied embeddings) keep their plain copy."""
-    counts: dict[int, int] = {}
-    for _, p in model.named_parameters(remove_duplicate=False):
-        counts[id(p)] = counts.get(id(p), 0) + 1
-    for m in model.modules():
-        if isinstance(m, Linear):
-            m.prepack(free_plain=counts[id(m.weight)] == 1)
+    def extra_repr(self) -> str:
+        return f"in={self.in_features}, out={self.output_sizes}, method={type(self.quant_method).__name__}"

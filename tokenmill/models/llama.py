@@ -6,19 +6,23 @@ import torch
 from torch import nn
 
 from tokenmill.attention.backend import AttentionBackend
+from tokenmill.models.base import CausalLM
 from tokenmill.models.layers import RMSNorm, RotaryEmbedding, SwiGLU
 from tokenmill.models.linear import Linear
 from tokenmill.models.model_config import ModelConfig
+from tokenmill.quant import QuantConfig
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig, rope: RotaryEmbedding) -> None:
+    def __init__(self, cfg: ModelConfig, rope: RotaryEmbedding, quant: QuantConfig, prefix: str) -> None:
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         self.q_size = cfg.num_heads * cfg.head_dim
         self.kv_size = cfg.num_kv_heads * cfg.head_dim
-        self.qkv_proj = Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.attention_bias)
-        self.o_proj = Linear(self.q_size, cfg.hidden_size, bias=False)
+        self.qkv_proj = Linear(cfg.hidden_size, [self.q_size, self.kv_size, self.kv_size], bias=cfg.attention_bias,
+                               quant_method=quant.get_linear_method(f"{prefix}.qkv_proj"), prefix=f"{prefix}.qkv_proj")
+        self.o_proj = Linear(self.q_size, cfg.hidden_size, quant_method=quant.get_linear_method(f"{prefix}.o_proj"),
+                             prefix=f"{prefix}.o_proj")
         self.rope = rope
         self.scale = cfg.head_dim ** -0.5
 
@@ -33,12 +37,12 @@ class Attention(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, rope: RotaryEmbedding) -> None:
+    def __init__(self, cfg: ModelConfig, rope: RotaryEmbedding, quant: QuantConfig, prefix: str) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = Attention(cfg, rope)
+        self.self_attn = Attention(cfg, rope, quant, f"{prefix}.self_attn")
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size)
+        self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size, quant, f"{prefix}.mlp")
 
     def forward(self, x, residual, cos_sin, kv_cache, backend, meta) -> tuple[torch.Tensor, torch.Tensor]:
         """Returns (this layer's MLP output, the residual stream before it); the next layer (or the
@@ -52,17 +56,28 @@ class DecoderLayer(nn.Module):
         return self.mlp(h), residual
 
 
-class LlamaForCausalLM(nn.Module):
-    def __init__(self, cfg: ModelConfig, max_positions: int) -> None:
-        super().__init__()
-        self.config = cfg
+class LlamaForCausalLM(CausalLM):
+    stacked_params = {
+        "self_attn.q_proj": ("self_attn.qkv_proj", 0), "self_attn.k_proj": ("self_attn.qkv_proj", 1),
+        "self_attn.v_proj": ("self_attn.qkv_proj", 2),
+        "mlp.gate_proj": ("mlp.gate_up_proj", 0), "mlp.up_proj": ("mlp.gate_up_proj", 1),
+    }
+
+    def __init__(self, cfg: ModelConfig, max_positions: int, quant: QuantConfig) -> None:
+        super().__init__(cfg)
         rope = RotaryEmbedding(cfg.head_dim, max_positions, cfg.rope_theta, cfg.rope_scaling)
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, rope) for _ in range(cfg.num_layers))
+        self.layers = nn.ModuleList(DecoderLayer(cfg, rope, quant, f"layers.{i}") for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
-        if cfg.tie_word_embeddings:
+        self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, quant_method=quant.get_linear_method("lm_head"),
+                              prefix="lm_head")
+        self.tie_weights()
+
+    def tie_weights(self) -> None:
+        """Tied embeddings: the LM head reads the embedding matrix (call again after to_empty)."""
+        if self.config.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
+            self.lm_head.tied = True
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: list,
                 backend: AttentionBackend, meta) -> torch.Tensor:

@@ -1,112 +1,132 @@
-"""ModelRunner: turns a SchedulerOutput into one flat batch, runs the model, samples."""
+"""ModelRunner: the torch Executor. Keeps its own record of each request it has been shown, turns a
+SchedulerOutput into one flat batch, runs the model, samples."""
 from __future__ import annotations
 
 import logging
-import os
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
 from tokenmill.attention import BatchLayout, get_attention_backend
-from tokenmill.attention.kv_cache import KVCacheSpec, make_kv_cache_spec
-from tokenmill.core.scheduler import SchedulerOutput
+from tokenmill.config import TokenmillConfig
+from tokenmill.core.outputs import ModelRunnerOutput
+from tokenmill.core.scheduler_output import NewRequestData, SchedulerOutput
+from tokenmill.engine.resolve import TORCH_DTYPES
 from tokenmill.models.loader import build_model
-from tokenmill.models.model_config import ModelConfig
-from tokenmill.request import Request
-from tokenmill.worker.sampler import Sampler, SamplerOutput
+from tokenmill.models.registry import get_model_class
+from tokenmill.sampling_params import SamplingParams
+from tokenmill.worker.sampler import Sampler
 
 logger = logging.getLogger(__name__)
 
-_DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
 
+@dataclass
+class RunnerRequest:
+    """What the runner knows of a request: its tokens (it appends what it samples), the blocks it
+    owns and how many of its tokens have KV."""
+    request_id: str
+    prompt_token_ids: list[int]
+    output_token_ids: list[int]
+    params: SamplingParams
+    eos_token_id: int | None
+    block_ids: list[int]
+    num_computed_tokens: int
+    token_ids: list[int] = field(init=False)
 
-def resolve_dtype(name: str, model_cfg: ModelConfig) -> torch.dtype:
-    if name != "auto":
-        return _DTYPES[name]
-    return torch.bfloat16 if cpu_has_bf16() else torch.float32
+    def __post_init__(self) -> None:
+        self.token_ids = self.prompt_token_ids + self.output_token_ids
 
+    @classmethod
+    def from_new(cls, new: NewRequestData) -> RunnerRequest:
+        return cls(new.request_id, list(new.prompt_token_ids), list(new.output_token_ids), new.params,
+                   new.eos_token_id, list(new.block_ids), new.num_computed_tokens)
 
-def cpu_has_bf16() -> bool:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return "avx512_bf16" in f.read()
-    except OSError:
-        return False
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
 
-
-def available_memory_bytes() -> int:
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 8 << 30
-
-
-def kv_budget_bytes(kv_cache_memory_gb: float | None) -> int:
-    if kv_cache_memory_gb is not None:
-        return int(kv_cache_memory_gb * (1 << 30))
-    return int(min(max(0.1 * available_memory_bytes(), 0.25 * (1 << 30)), 4 * (1 << 30)))
+    def append(self, token: int) -> None:
+        self.token_ids.append(token)
+        self.output_token_ids.append(token)
 
 
 class ModelRunner:
-    def __init__(self, model_cfg: ModelConfig, folder: str, dtype: torch.dtype, max_model_len: int,
-                 block_size: int, kv_cache_memory_gb: float | None, attention_backend: str,
-                 num_kv_blocks: int | None = None, kv_cache_dtype: str = "auto") -> None:
-        self.model_cfg = model_cfg
-        self.dtype = dtype
-        self.block_size = block_size
-        self.kv_cache_dtype = kv_cache_dtype
-        self.model = build_model(model_cfg, folder, dtype, max_model_len)
-        self.backend = get_attention_backend(attention_backend)
-        spec = kv_cache_spec(model_cfg, kv_cache_dtype, dtype, block_size)
-        bytes_per_block = spec.bytes_per_block * model_cfg.num_layers  # all layers, scales included
-        self.num_blocks = num_kv_blocks or num_kv_blocks_for_budget(model_cfg, kv_cache_dtype, dtype, block_size,
-                                                                    kv_budget_bytes(kv_cache_memory_gb))
-        if self.num_blocks < 1:
-            raise ValueError(f"kv_cache_memory_gb={kv_cache_memory_gb} holds no block "
-                             f"({bytes_per_block:.0f} bytes per block)")
-        self.kv_bytes_per_token = bytes_per_block / block_size
-        self.kv_spec = spec.with_num_blocks(self.num_blocks)
-        self.kv_caches = [self.kv_spec.allocate() for _ in range(model_cfg.num_layers)]
-        self.sampler = Sampler(model_cfg.vocab_size)
-        logger.info("KV cache (%s): %d blocks x %d tokens, %.0f bytes/token (%.2f GiB)", kv_cache_dtype,
-                    self.num_blocks, block_size, self.kv_bytes_per_token,
-                    self.num_blocks * bytes_per_block / (1 << 30))
+    def __init__(self, config: TokenmillConfig) -> None:
+        model, cache, device = config.model, config.cache, config.device
+        torch.set_num_threads(device.num_threads)
+        torch.manual_seed(device.seed)
+        self.dtype = TORCH_DTYPES[model.dtype]
+        self.block_size = cache.block_size
+        self.num_blocks = cache.num_blocks
+        self.model = build_model(model.arch, model.path, self.dtype, model.max_model_len)
+        self.backend = get_attention_backend(device.attention_backend)
+        cls = get_model_class(model.arch.architecture)
+        layer_spec = cls.kv_cache_spec(model.arch, cache.kv_cache_dtype, self.dtype, cache.block_size)
+        self.kv_spec = layer_spec.with_num_blocks(cache.num_blocks)
+        self.kv_caches = [self.kv_spec.allocate() for _ in range(cls.num_kv_cache_layers(model.arch))]
+        self.kv_bytes_per_token = cache.bytes_per_token
+        self.sampler = Sampler(model.arch.vocab_size)
+        self.requests: dict[str, RunnerRequest] = {}
+        logger.info("KV cache (%s): %d blocks x %d tokens, %.0f bytes/token (%.2f GiB)", cache.kv_cache_dtype,
+                    cache.num_blocks, cache.block_size, cache.bytes_per_token,
+                    cache.capacity_tokens * cache.bytes_per_token / (1 << 30))
 
-    def _layout(self, out: SchedulerOutput) -> tuple[torch.Tensor, torch.Tensor, BatchLayout, list[int], list[Request]]:
+    # -- Executor -------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
+        self._update_states(out)
+        if out.is_empty:
+            return ModelRunnerOutput([], [])
+        input_ids, positions, layout, sample_idx, sample_reqs = self._layout(out)
+        meta = self.backend.build_metadata(layout)
+        hidden = self.model(input_ids, positions, self.kv_caches, self.backend, meta)
+        if not sample_reqs:
+            return ModelRunnerOutput([], [])
+        logits = self.model.compute_logits(hidden[torch.tensor(sample_idx)])
+        sampled = self.sampler(logits, sample_reqs)
+        for req, token in zip(sample_reqs, sampled.token_ids):
+            req.append(token)
+        logprobs = None
+        if any(lp is not None for lp in sampled.logprobs):
+            logprobs = [[lp] if lp is not None else None for lp in sampled.logprobs]
+        return ModelRunnerOutput([r.request_id for r in sample_reqs], [[t] for t in sampled.token_ids], logprobs)
+
+    def _update_states(self, out: SchedulerOutput) -> None:
+        for rid in out.finished_request_ids:
+            self.requests.pop(rid, None)
+            self.sampler.forget(rid)
+        for rid in out.preempted_request_ids:  # back as new requests later; a seeded sampler keeps its state
+            self.requests.pop(rid, None)
+        for new in out.new_requests:
+            self.requests[new.request_id] = RunnerRequest.from_new(new)
+        for cached in out.cached_requests:
+            req = self.requests[cached.request_id]
+            req.block_ids.extend(cached.new_block_ids)
+            req.num_computed_tokens = cached.num_computed_tokens
+
+    def _layout(self, out: SchedulerOutput):
         bs = self.block_size
         ids, pos, slots, qsl, seq_lens, tables = [], [], [], [0], [], []
         sample_idx, sample_reqs = [], []
-        for req, n in out.scheduled:
+        for rid, n in out.num_scheduled_tokens.items():
+            req = self.requests[rid]
             start = req.num_computed_tokens
-            block_ids = out.block_ids[req.request_id]
             p = np.arange(start, start + n)
-            ids.append(np.asarray(req.all_token_ids[start:start + n]))
+            ids.append(np.asarray(req.token_ids[start:start + n]))
             pos.append(p)
-            slots.append(np.asarray(block_ids)[p // bs] * bs + p % bs)
+            slots.append(np.asarray(req.block_ids)[p // bs] * bs + p % bs)
             qsl.append(qsl[-1] + n)
             seq_lens.append(start + n)
-            tables.append(block_ids)
-            if start + n == req.num_tokens:  # all known tokens computed: sample the next one
+            tables.append(req.block_ids)
+            if start + n == len(req.token_ids):  # all known tokens computed: sample the next one
                 sample_idx.append(qsl[-1] - 1)
                 sample_reqs.append(req)
         layout = BatchLayout(torch.from_numpy(np.concatenate(slots)), qsl, seq_lens, tables, bs)
         return (torch.from_numpy(np.concatenate(ids)), torch.from_numpy(np.concatenate(pos)),
                 layout, sample_idx, sample_reqs)
 
-    @torch.inference_mode()
-    def execute(self, out: SchedulerOutput) -> tuple[list[Request], SamplerOutput | None]:
-        input_ids, positions, layout, sample_idx, sample_reqs = self._layout(out)
-        meta = self.backend.build_metadata(layout)
-        hidden = self.model(input_ids, positions, self.kv_caches, self.backend, meta)
-        if not sample_reqs:
-            return [], None
-        logits = self.model.compute_logits(hidden[torch.tensor(sample_idx)])
-        return sample_reqs, self.sampler(logits, sample_reqs)
-
+    # -- scoring --------------------------------------------------------------------------------
     @torch.inference_mode()
     def full_logits(self, token_ids: list[int]) -> torch.Tensor:
         """Logits [n, vocab] at every position of one sequence, using scratch KV blocks from 0.
@@ -124,22 +144,3 @@ class ModelRunner:
         """log p(token[i+1] | token[:i+1]) for each position: the basis of perplexity."""
         logp = torch.log_softmax(self.full_logits(token_ids)[:-1], dim=-1)
         return logp.gather(1, torch.tensor(token_ids[1:])[:, None]).squeeze(1)
-
-
-def kv_cache_spec(model_cfg: ModelConfig, kv_cache_dtype: str, dtype: torch.dtype, block_size: int,
-                  num_blocks: int = 1) -> KVCacheSpec:
-    """Per-layer KV storage for `kv_cache_dtype` (auto: the model dtype; int8/fp8: quantized)."""
-    return make_kv_cache_spec(kv_cache_dtype, dtype, block_size, model_cfg.num_kv_heads, model_cfg.head_dim,
-                              num_blocks)
-
-
-def num_kv_blocks_for_budget(model_cfg: ModelConfig, kv_cache_dtype: str, dtype: torch.dtype, block_size: int,
-                             budget_bytes: int) -> int:
-    """How many blocks a KV budget holds (what the runner allocates; scales count against it)."""
-    spec = kv_cache_spec(model_cfg, kv_cache_dtype, dtype, block_size)
-    return int(budget_bytes // (spec.bytes_per_block * model_cfg.num_layers))
-
-
-def set_num_threads(n: int | None) -> None:
-    n = n or len(os.sched_getaffinity(0))
-    torch.set_num_threads(n)

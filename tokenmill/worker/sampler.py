@@ -6,17 +6,31 @@ seeded request only needs its own noise row: its samples do not depend on who el
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
-from tokenmill.request import Request
+from tokenmill.sampling_params import SamplingParams
+
+from tokenmill.core.outputs import SampledLogprobs
+
+
+class SamplingRequest(Protocol):
+    """What the sampler reads of a request (the runner's RunnerRequest)."""
+    request_id: str
+    params: SamplingParams
+    prompt_token_ids: list[int]
+    output_token_ids: list[int]
+    eos_token_id: int | None
+
+    @property
+    def num_output_tokens(self) -> int: ...
 
 
 @dataclass
 class SamplerOutput:
     token_ids: list[int]
-    # per row: (logprob of the sampled token, [(token, logprob) top alternatives]) or None
-    logprobs: list[tuple[float, list[tuple[int, float]]] | None]
+    logprobs: list[SampledLogprobs | None]  # per row, None where the request asked for none
 
 
 class Sampler:
@@ -27,14 +41,14 @@ class Sampler:
     def forget(self, request_id: str) -> None:
         self.generators.pop(request_id, None)
 
-    def _generator(self, req: Request) -> torch.Generator:
+    def _generator(self, req: SamplingRequest) -> torch.Generator:
         gen = self.generators.get(req.request_id)
         if gen is None:
-            gen = torch.Generator().manual_seed(req.params.seed + req.index)
+            gen = torch.Generator().manual_seed(req.params.seed)
             self.generators[req.request_id] = gen
         return gen
 
-    def __call__(self, logits: torch.Tensor, reqs: list[Request]) -> SamplerOutput:
+    def __call__(self, logits: torch.Tensor, reqs: list[SamplingRequest]) -> SamplerOutput:
         logits = logits[:, : self.vocab_size]
         want_logprobs = [r.params.logprobs is not None for r in reqs]
         raw_logprobs = torch.log_softmax(logits, dim=-1) if any(want_logprobs) else None
@@ -50,7 +64,7 @@ class Sampler:
         token_list = tokens.tolist()
         return SamplerOutput(token_list, _gather_logprobs(raw_logprobs, token_list, reqs))
 
-    def _sample(self, logits: torch.Tensor, reqs: list[Request]) -> torch.Tensor:
+    def _sample(self, logits: torch.Tensor, reqs: list[SamplingRequest]) -> torch.Tensor:
         temp = torch.tensor([r.params.temperature for r in reqs], dtype=logits.dtype)
         logits = logits / temp[:, None]
         top_k = [r.params.top_k for r in reqs]
@@ -82,7 +96,7 @@ def _top_p(logits: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
     return torch.empty_like(logits).scatter_(1, order, sorted_logits)
 
 
-def _apply_penalties(logits: torch.Tensor, reqs: list[Request]) -> torch.Tensor:
+def _apply_penalties(logits: torch.Tensor, reqs: list[SamplingRequest]) -> torch.Tensor:
     batch, vocab = logits.shape
     counts = torch.zeros(batch, vocab, dtype=logits.dtype)
     seen_prompt = torch.zeros(batch, vocab, dtype=torch.bool)
@@ -101,7 +115,7 @@ def _apply_penalties(logits: torch.Tensor, reqs: list[Request]) -> torch.Tensor:
     return logits - freq * counts - pres * (counts > 0).to(logits.dtype)
 
 
-def _mask_until_min_tokens(logits: torch.Tensor, reqs: list[Request]) -> torch.Tensor:
+def _mask_until_min_tokens(logits: torch.Tensor, reqs: list[SamplingRequest]) -> torch.Tensor:
     rows = [(i, r) for i, r in enumerate(reqs) if r.num_output_tokens < r.params.min_tokens]
     if not rows:
         return logits
@@ -113,18 +127,20 @@ def _mask_until_min_tokens(logits: torch.Tensor, reqs: list[Request]) -> torch.T
     return logits
 
 
-def _gather_logprobs(raw: torch.Tensor | None, tokens: list[int], reqs: list[Request]):
+def _gather_logprobs(raw: torch.Tensor | None, tokens: list[int], reqs: list[SamplingRequest]):
     if raw is None:
         return [None] * len(reqs)
     max_k = max(r.params.logprobs or 0 for r in reqs)
     top_vals, top_ids = raw.topk(max_k, dim=-1) if max_k else (None, None)
-    chosen = raw.gather(1, torch.tensor(tokens)[:, None]).squeeze(1).tolist()
-    out = []
+    chosen = raw.gather(1, torch.tensor(tokens)[:, None])
+    ranks = ((raw > chosen).sum(dim=-1) + 1).tolist()  # as vLLM: 1 + tokens strictly more likely
+    chosen = chosen.squeeze(1).tolist()
+    out: list[SampledLogprobs | None] = []
     for i, r in enumerate(reqs):
         if r.params.logprobs is None:
             out.append(None)
             continue
         k = r.params.logprobs
         alts = list(zip(top_ids[i, :k].tolist(), top_vals[i, :k].tolist())) if k else []
-        out.append((chosen[i], alts))
+        out.append(SampledLogprobs(chosen[i], ranks[i], alts))
     return out

@@ -1,0 +1,130 @@
+"""EngineCore: the step loop and the request lifecycle, torch-free.
+
+    step():  schedule ─► executor.execute(SchedulerOutput) ─► advance counters, cache written blocks
+             ─► append sampled tokens ─► token stop checks ─► finish & free ─► EngineCoreOutputs
+
+The executor is anything with `execute(scheduler_output) -> ModelRunnerOutput`: the torch model
+runner, a performance model (the simulator), or a proxy to another process. Time comes from an
+injected clock (time.monotonic by default, a ManualClock in tests and the simulator), and every
+request event is stamped with it. Text is not the core's business: stop strings are checked by the
+frontend after detokenizing, which then calls `finish_requests`.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Protocol
+
+from tokenmill.core.kv_cache_manager import KVCacheManager, PrefixCacheStats
+from tokenmill.core.outputs import EngineCoreOutput, EngineCoreOutputs, IterationStats, ModelRunnerOutput
+from tokenmill.core.scheduler import Scheduler, SchedulerConfig, SchedulerStats
+from tokenmill.core.scheduler_output import SchedulerOutput
+from tokenmill.request import FinishReason, Request
+
+
+class Executor(Protocol):
+    def execute(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput: ...
+
+
+class EngineCore:
+    def __init__(self, scheduler_config: SchedulerConfig, kv: KVCacheManager, executor: Executor,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.kv = kv
+        self.executor = executor
+        self.clock = clock
+        self.scheduler = Scheduler(scheduler_config, kv, clock)
+        self.max_model_len = scheduler_config.max_model_len
+
+    # -- requests -------------------------------------------------------------------------------
+    def add_request(self, request: Request) -> None:
+        self.scheduler.add_request(request)
+
+    def finish_requests(self, request_ids: list[str], reason: FinishReason = FinishReason.ABORT,
+                        stop_reason: int | str | None = None) -> list[Request]:
+        """End requests from outside a step (abort, a stop string found by the frontend); their
+        blocks are freed now. Returns the requests that were still running or waiting."""
+        ended = []
+        for rid in request_ids:
+            req = self.scheduler.requests.get(rid)
+            if req is None:
+                continue
+            req.stop_reason = stop_reason
+            self.scheduler.finish_request(req, reason)
+            ended.append(req)
+        return ended
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    @property
+    def num_waiting_requests(self) -> int:
+        return len(self.scheduler.waiting)
+
+    # -- the step -------------------------------------------------------------------------------
+    def step(self) -> EngineCoreOutputs:
+        t0 = self.clock()
+        sched = self.scheduler.schedule()
+        if sched.is_empty:
+            self.scheduler.defer(sched)
+            return EngineCoreOutputs([], [], IterationStats.idle())
+        num_prompt = self._num_prompt_tokens(sched)
+        t1 = self.clock()
+        result = self.executor.execute(sched)
+        t2 = self.clock()
+        self.scheduler.update_after_step(sched)
+        outputs, finished = self._append_sampled(result, t2)
+        it = IterationStats(num_prompt_tokens=num_prompt, num_generation_tokens=sum(len(o.new_token_ids) for o in outputs),
+                            num_batched_tokens=sched.total_num_scheduled_tokens,
+                            num_seqs=len(sched.num_scheduled_tokens), num_preempted=len(sched.preempted_request_ids),
+                            schedule_time=t1 - t0, forward_time=t2 - t1, step_time=self.clock() - t0)
+        return EngineCoreOutputs(outputs, finished, it)
+
+    def _num_prompt_tokens(self, sched: SchedulerOutput) -> int:
+        reqs = self.scheduler.requests
+        return sum(min(n, max(0, reqs[rid].num_prompt_tokens - reqs[rid].num_computed_tokens))
+                   for rid, n in sched.num_scheduled_tokens.items())
+
+    def _append_sampled(self, result: ModelRunnerOutput, now: float) -> tuple[list[EngineCoreOutput], list[Request]]:
+        outputs, finished = [], []
+        for i, rid in enumerate(result.req_ids):
+            req = self.scheduler.requests[rid]
+            new_tokens: list[int] = []
+            for token in result.sampled_token_ids[i]:
+                req.append_token(token, now)
+                new_tokens.append(token)
+                reason, stop_reason = self._check_stop(req, token)
+                if reason is not None:
+                    req.stop_reason = stop_reason
+                    self.scheduler.finish_request(req, reason)
+                    finished.append(req)
+                    break
+            lps = result.logprobs[i] if result.logprobs is not None else None
+            outputs.append(EngineCoreOutput(rid, new_tokens, lps[:len(new_tokens)] if lps is not None else None,
+                                            req.finish_reason, req.stop_reason, req.num_cached_tokens, req.events))
+        return outputs, finished
+
+    def _check_stop(self, req: Request, token: int) -> tuple[FinishReason | None, int | None]:
+        p = req.params
+        if req.num_output_tokens >= p.min_tokens:
+            if token == req.eos_token_id and not p.ignore_eos:
+                return FinishReason.STOP, None
+            if token in p.stop_token_ids:
+                return FinishReason.STOP, token
+        if req.num_output_tokens >= req.max_tokens or req.num_tokens >= self.max_model_len:
+            return FinishReason.LENGTH, None
+        return None, None
+
+    # -- state ----------------------------------------------------------------------------------
+    def scheduler_stats(self) -> SchedulerStats:
+        return self.scheduler.stats()
+
+    @property
+    def prefix_stats(self) -> PrefixCacheStats:
+        return self.kv.prefix_stats
+
+    @property
+    def num_evictions(self) -> int:
+        return self.kv.pool.num_evictions
+
+    def reset_prefix_cache(self) -> bool:
+        return self.kv.reset_prefix_cache()

@@ -1,0 +1,58 @@
+"""Plain records that cross the core's boundaries: what an executor returns for a step, what the
+core returns to its frontend, and the per-step statistics."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tokenmill.request import FinishReason, Request, RequestEvents
+
+
+@dataclass(frozen=True)
+class SampledLogprobs:
+    """Logprobs of one sampled token under the model's raw distribution."""
+    logprob: float
+    rank: int  # 1 + the number of tokens more likely than the sampled one
+    top: list[tuple[int, float]]  # the top-k alternatives, most likely first
+
+
+@dataclass
+class ModelRunnerOutput:
+    """What an executor returns for one step: the requests that sampled (their known tokens are all
+    computed) and their new tokens (one each; several with speculative decoding)."""
+    req_ids: list[str]
+    sampled_token_ids: list[list[int]]
+    logprobs: list[list[SampledLogprobs] | None] | None = None  # per request, per token; None: none asked
+
+
+@dataclass
+class EngineCoreOutput:
+    request_id: str
+    new_token_ids: list[int]
+    new_logprobs: list[SampledLogprobs] | None
+    finish_reason: FinishReason | None
+    stop_reason: int | str | None
+    num_cached_tokens: int
+    events: RequestEvents
+
+
+@dataclass
+class IterationStats:
+    num_prompt_tokens: int
+    num_generation_tokens: int
+    num_batched_tokens: int
+    num_seqs: int
+    num_preempted: int
+    schedule_time: float
+    forward_time: float
+    step_time: float
+
+    @classmethod
+    def idle(cls) -> IterationStats:
+        return cls(0, 0, 0, 0, 0, 0.0, 0.0, 0.0)
+
+
+@dataclass
+class EngineCoreOutputs:
+    outputs: list[EngineCoreOutput]
+    finished_requests: list[Request]  # ended in this step (for statistics)
+    iteration: IterationStats

@@ -1,0 +1,92 @@
+"""EngineConfig (what the user asked) -> TokenmillConfig (what runs), in one pass and in one place:
+model folder (a GGUF converted on first use), architecture, dtype, context length, KV block count
+from the memory budget and the model's own KV spec, threads."""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import torch
+
+from tokenmill.config import CacheConfig, DeviceConfig, EngineConfig, ModelSpec, TokenmillConfig
+from tokenmill.core.scheduler import SchedulerConfig
+from tokenmill.cpu import available_memory_bytes, cpu_has_bf16, usable_cores
+from tokenmill.models.identity import model_content_id
+from tokenmill.models.model_config import ModelConfig, read_hf_config
+from tokenmill.models.registry import get_model_class
+
+logger = logging.getLogger(__name__)
+
+TORCH_DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
+DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
+
+
+def resolve_config(cfg: EngineConfig) -> TokenmillConfig:
+    model = resolve_model(cfg)
+    return TokenmillConfig(
+        model=model,
+        cache=resolve_cache(cfg, model),
+        scheduler=SchedulerConfig(max_num_batched_tokens=cfg.max_num_batched_tokens, max_num_seqs=cfg.max_num_seqs,
+                                  max_model_len=model.max_model_len,
+                                  long_prefill_token_threshold=cfg.long_prefill_token_threshold),
+        device=DeviceConfig(num_threads=cfg.num_threads or usable_cores(), attention_backend=cfg.attention_backend,
+                            seed=cfg.seed))
+
+
+def resolve_model_folder(model: str | None) -> Path:
+    if model is None:
+        from tokenmill.models.default_model import resolve_default_model
+        return resolve_default_model()
+    path = Path(model)
+    if path.suffix == ".gguf":
+        from tokenmill.models.gguf_convert import gguf_to_hf_folder
+        return gguf_to_hf_folder(path)
+    if not path.is_dir():
+        raise ValueError(f"model must be a Hugging Face folder or a .gguf file; got {model!r}")
+    return path
+
+
+def resolve_model(cfg: EngineConfig) -> ModelSpec:
+    folder = resolve_model_folder(cfg.model)
+    hf = read_hf_config(folder)
+    arch = get_model_class((hf.get("architectures") or ["?"])[0]).config_from_hf(hf)
+    dtype = resolve_dtype(cfg.dtype)
+    name = cfg.served_model_name or (Path(cfg.model).stem if cfg.model else DEFAULT_MODEL_NAME)
+    return ModelSpec(path=str(folder), tokenizer=str(cfg.tokenizer or folder), served_name=name, arch=arch,
+                     dtype=dtype, max_model_len=resolve_max_model_len(arch, cfg.max_model_len),
+                     content_id=model_content_id(hf, folder, dtype))
+
+
+def resolve_dtype(name: str) -> str:
+    if name != "auto":
+        return name
+    return "bfloat16" if cpu_has_bf16() else "float32"
+
+
+def resolve_max_model_len(arch: ModelConfig, requested: int | None) -> int:
+    limit = arch.max_position_embeddings
+    if arch.sliding_window:
+        limit = min(limit, arch.sliding_window)  # no sliding-window attention: stay inside it
+    if requested is None:
+        return limit
+    if requested > limit:
+        raise ValueError(f"max_model_len={requested} exceeds the model's limit {limit}")
+    return requested
+
+
+def kv_budget_bytes(kv_cache_memory_gb: float | None) -> int:
+    if kv_cache_memory_gb is not None:
+        return int(kv_cache_memory_gb * (1 << 30))
+    return int(min(max(0.1 * available_memory_bytes(), 0.25 * (1 << 30)), 4 * (1 << 30)))
+
+
+def resolve_cache(cfg: EngineConfig, model: ModelSpec) -> CacheConfig:
+    cls = get_model_class(model.arch.architecture)
+    per_token = cls.kv_bytes_per_token(model.arch, cfg.kv_cache_dtype, TORCH_DTYPES[model.dtype], cfg.block_size)
+    num_blocks = cfg.num_kv_blocks or int(kv_budget_bytes(cfg.kv_cache_memory_gb) // (per_token * cfg.block_size))
+    if num_blocks < 1:
+        raise ValueError(f"kv_cache_memory_gb={cfg.kv_cache_memory_gb} holds no KV block "
+                         f"({per_token * cfg.block_size:.0f} bytes per block)")
+    return CacheConfig(block_size=cfg.block_size, num_blocks=num_blocks, kv_cache_dtype=cfg.kv_cache_dtype,
+                       enable_prefix_caching=cfg.enable_prefix_caching, bytes_per_token=per_token,
+                       block_hash_key=f"{model.content_id}|kv={cfg.kv_cache_dtype}")
