@@ -123,8 +123,8 @@ class LLMEngine:
 
     def _tokenize(self, prompt) -> tuple[str | None, list[int]]:
         if isinstance(prompt, dict):
-            if "prompt_token_ids" in prompt:
-                prompt = list(prompt["prompt_token_ids"])
+            if "prompt_token_ids" in prompt:  # the ids are used; a "prompt" text given too is kept
+                return prompt.get("prompt"), self._tokenize(list(prompt["prompt_token_ids"]))[1]
             elif "prompt" in prompt:
                 prompt = prompt["prompt"]
             else:
