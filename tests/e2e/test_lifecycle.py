@@ -149,7 +149,7 @@ def test_async_engine_generate_deltas_and_early_exit(make_engine):
     iteration early aborts the request and frees its blocks."""
     import asyncio
 
-    from tokenmill.engine.async_engine import OutputDeltas
+    from tokenmill.server.deltas import OutputDeltas
     from tokenmill.sampling_params import SamplingParams
 
     engine = make_engine()

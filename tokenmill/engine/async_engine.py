@@ -6,8 +6,8 @@ Threads and ownership:
   thread sleeps on that Condition while it has nothing to do (no busy spin).
 - Outputs go back with one `loop.call_soon_threadsafe` per step and event loop, into each
   request's `RequestStream`. Outputs are cumulative, so a stream keeps only the latest one per
-  request (a slow consumer skips to it; memory stays bounded); `OutputDeltas` turns cumulative
-  outputs into text / token-id / logprob deltas.
+  request (a slow consumer skips to it; memory stays bounded); the server's `OutputDeltas`
+  (tokenmill/server/deltas.py) turns cumulative outputs into text / token-id / logprob deltas.
 - A stream that is closed before its requests finish (client disconnect, cancellation) aborts them,
   which frees their KV blocks on the next turn of the loop.
 - If the engine raises, the engine is declared dead: every open stream and every pending add gets
@@ -25,10 +25,10 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from tokenmill.request import CompletionOutput, Logprob, RequestOutput
+from tokenmill.request import RequestOutput
 from tokenmill.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -409,42 +409,3 @@ def _set_exception(fut: asyncio.Future, exc: BaseException) -> None:
 def _deliver_all(items: list[tuple[RequestStream, RequestOutput]]) -> None:
     for stream, out in items:
         stream._deliver(out)
-
-
-# -- deltas for streaming ------------------------------------------------------------------------
-@dataclass
-class ChoiceDelta:
-    index: int
-    text: str
-    token_ids: list[int]
-    logprobs: list[dict[int, Logprob]] | None
-    finish_reason: str | None
-    stop_reason: str | int | None
-    output: CompletionOutput = field(repr=False)  # the cumulative output this delta came from
-
-
-class OutputDeltas:
-    """Turns the cumulative outputs of one request into per-choice deltas (text, token ids,
-    logprobs), each emitted once; a choice's finish_reason is set on its last delta."""
-
-    def __init__(self) -> None:
-        self._text_len: dict[int, int] = {}
-        self._num_tokens: dict[int, int] = {}
-        self._done: set[int] = set()
-
-    def update(self, out: RequestOutput) -> list[ChoiceDelta]:
-        deltas = []
-        for c in out.outputs:
-            if c.index in self._done:
-                continue
-            t0, n0 = self._text_len.get(c.index, 0), self._num_tokens.get(c.index, 0)
-            text, ids = c.text[t0:], c.token_ids[n0:]
-            finished = c.finish_reason is not None
-            if not text and not ids and not finished:
-                continue
-            self._text_len[c.index], self._num_tokens[c.index] = len(c.text), len(c.token_ids)
-            if finished:
-                self._done.add(c.index)
-            lps = c.logprobs[n0:] if c.logprobs is not None else None
-            deltas.append(ChoiceDelta(c.index, text, ids, lps, c.finish_reason, c.stop_reason, c))
-        return deltas
