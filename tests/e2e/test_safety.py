@@ -44,7 +44,8 @@ def _assert_error(r: httpx.Response, status: int, param=None, code=None, type_=N
     ("/v1/completions", b'{"prompt": "hi", "min_tokens": 5, "max_tokens": 2}', 400, "min_tokens"),
     ("/v1/completions", b'{"prompt": "hi", "presence_penalty": 3}', 400, "presence_penalty"),
     ("/v1/completions", b'{"prompt": "hi", "seed": 99999999999999999999}', 400, "seed"),
-    ("/v1/completions", b'{"prompt": "hi", "stop_token_ids": [100000]}', 400, "stop_token_ids"),
+    ("/v1/completions", b'{"prompt": "hi", "stop_token_ids": [100000]}', 400, "stop_token_ids"),  # engine's check
+    ("/v1/completions", b'{"prompt": "hi", "seed": -1}', 400, "seed"),                  # SamplingParams' check
     ("/v1/completions", b'{"prompt": [1, 2, 99999]}', 400, "prompt"),
     ("/v1/completions", b'{"prompt": ""}', 400, "prompt"),
     ("/v1/completions", b'{"prompt": "hi", "stream": true, "top_k": -5}', 400, "top_k"),  # streaming too
@@ -54,6 +55,8 @@ def _assert_error(r: httpx.Response, status: int, param=None, code=None, type_=N
                              b'"top_logprobs": 50}', 400, "top_logprobs"),
     ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": -1}',
      400, "max_completion_tokens"),
+    ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "hi"}], "stop_token_ids": [-1], '
+                             b'"stream": true}', 400, "stop_token_ids"),
 ])
 def test_bad_requests_are_400(server, path, body, status, param):
     r = httpx.post(server.url + path, content=body, headers={"Content-Type": "application/json"})
