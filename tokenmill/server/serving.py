@@ -11,7 +11,7 @@ from tokenmill.request import RequestOutput
 from tokenmill.sampling_params import SamplingParams
 from tokenmill.server.disconnect import ClientGone, collect
 from tokenmill.server.errors import APIError, engine_error, param_of
-from tokenmill.server.protocol import CompletionRequest, ChatCompletionRequest
+from tokenmill.server.protocol import ChatCompletionRequest, CompletionRequest
 from tokenmill.server.sse import sse_json
 from tokenmill.server.tokenization import PromptTokenizer
 

@@ -32,7 +32,7 @@ class EventStream(EventSourceResponse):
     """An OpenAI-style event stream over `events` (each item is the data of one event)."""
 
     def __init__(self, events: AsyncIterator[str], on_close: Callable[[], None]) -> None:
-        # ping=0: no keep-alive comments (not every OpenAI client parser skips them)
+        # ping=0: no keep-alive comment lines; every event is data, as OpenAI clients expect
         super().__init__(events, headers=SSE_HEADERS, ping=0, sep="\n")
         self._on_close = on_close
 

@@ -48,6 +48,7 @@ class ServerState:
         engine.start()
         # only the name is read here: the engine thread owns the engine's tokenizer object
         self.tokenizer = PromptTokenizer(engine.tokenizer.name_or_path, self.chat_template)
+        self.tokenizer.warm_up()
         self.completion = OpenAIServingCompletion(engine, names, self.tokenizer)
         self.chat = OpenAIServingChat(engine, names, self.tokenizer)
         self.engine = engine

@@ -29,6 +29,7 @@ class PromptTokenizer:
                  num_threads: int = TOKENIZER_THREADS) -> None:
         self.name_or_path = name_or_path
         self.chat_template = chat_template
+        self.num_threads = num_threads
         self._pool = ThreadPoolExecutor(num_threads, thread_name_prefix="tokenmill-tokenizer")
         self._local = threading.local()
 
@@ -54,6 +55,11 @@ class PromptTokenizer:
         """Token ids of the chat template applied to `messages`; raises PromptError."""
         return await self.run(_apply_chat_template, messages, self.chat_template, add_generation_prompt,
                               template_kwargs)
+
+    def warm_up(self) -> None:
+        """Start loading the threads' tokenizers now rather than on the first requests."""
+        for _ in range(self.num_threads):  # usually one per thread (best effort)
+            self._pool.submit(self._tokenizer)
 
     def shutdown(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
