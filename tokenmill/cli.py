@@ -83,7 +83,7 @@ def _add_serve(sub) -> None:
     from tokenmill.server.cli_args import add_serve_args
 
     def run_server(args: argparse.Namespace) -> int:
-        from tokenmill.server.app import run_server as run
+        from tokenmill.server.launch import run_server as run
         return run(args)
 
     serve = sub.add_parser("serve", help="OpenAI-compatible HTTP server")

@@ -8,7 +8,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from e2e_helpers import HAVE_DEFAULT_MODEL, TINY_CHAT_TEMPLATE, TINY_ENGINE_ARGS, ServerProcess
+from e2e_helpers import HAVE_DEFAULT_MODEL, SLOW_STEP_ENV, TINY_CHAT_TEMPLATE, TINY_ENGINE_ARGS, ServerProcess
 
 
 @pytest.fixture(scope="session")
@@ -20,20 +20,23 @@ def server_logs(tmp_path_factory) -> Path:
 def server_pool(request, tiny_llama, server_logs):
     """Every server the collected tests use, all started at once so their start-ups overlap:
     - server: tiny model, defaults, a chat template, names "tiny" and "tiny-alias";
-    - strict_server: --api-key sekret, --max-waiting-requests 2, --max-num-seqs 1, 4 KiB body cap;
-    - sigterm_server: --shutdown-timeout 0 (the SIGTERM test ends it);
+    - strict_server: --api-key sekret, --max-waiting-requests 2, --max-num-seqs 1, 4 KiB body cap, and
+      a slow step (SLOW_STEP_ENV) so a long request is still running while a test acts on it;
+    - sigterm_server: --shutdown-timeout 0 (the SIGTERM test ends it), slow step too;
     - default_server: the real default model (SmolLM2-135M-Instruct), when installed."""
     common = [str(tiny_llama), *TINY_ENGINE_ARGS, "--chat-template", TINY_CHAT_TEMPLATE]
     specs = {
         "server": [*common, "--served-model-name", "tiny", "tiny-alias"],
         "strict_server": [*common, "--served-model-name", "tiny", "--api-key", "sekret", "--max-waiting-requests",
                           "2", "--max-num-seqs", "1", "--max-request-body-bytes", "4096"],
-        "sigterm_server": [*common, "--shutdown-timeout", "0"],  # abort at once: the tiny model is fast
+        "sigterm_server": [*common, "--shutdown-timeout", "0"],  # abort what runs at once
     }
+    envs = {"strict_server": SLOW_STEP_ENV, "sigterm_server": SLOW_STEP_ENV}
     if HAVE_DEFAULT_MODEL:
         specs["default_server"] = ["--kv-cache-memory-gb", "0.1", "--max-model-len", "1024"]
     needed = {name for item in request.session.items for name in item.fixturenames}
-    pool = {name: ServerProcess(args, name, server_logs) for name, args in specs.items() if name in needed}
+    pool = {name: ServerProcess(args, name, server_logs, envs.get(name)) for name, args in specs.items()
+            if name in needed}
     try:
         for srv in pool.values():
             srv.start()

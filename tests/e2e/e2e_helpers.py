@@ -24,6 +24,9 @@ except importlib.metadata.PackageNotFoundError:
     HAVE_DEFAULT_MODEL = False
 
 TINY_ENGINE_ARGS = ["--dtype", "float32", "--kv-cache-memory-gb", "0.02", "--num-threads", "1"]
+# A server whose engine sleeps this long after every step: a request with hundreds of tokens runs
+# for seconds on any machine, so tests can act while it runs (see AsyncLLMEngine's docstring).
+SLOW_STEP_ENV = {"TOKENMILL_TEST_STEP_DELAY_S": "0.05"}
 
 
 def free_port() -> int:
@@ -36,10 +39,11 @@ class ServerProcess:
     """One `python -m tokenmill.server` process; `start()` returns at once, `wait_ready()` waits
     for /health to say 200 (and records every status it saw on the way)."""
 
-    def __init__(self, args: list[str], name: str, log_dir: Path) -> None:
+    def __init__(self, args: list[str], name: str, log_dir: Path, env: dict[str, str] | None = None) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.args = args
+        self.extra_env = dict(env or {})
         self.log_path = log_dir / f"{name}.log"
         self.proc: subprocess.Popen | None = None
         self.health_seen: list[int] = []
@@ -47,7 +51,7 @@ class ServerProcess:
 
     def start(self) -> ServerProcess:
         env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
-                   PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false")
+                   PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false", **self.extra_env)
         self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen([sys.executable, "-m", "tokenmill.server", *self.args, "--host", "127.0.0.1",
                                       "--port", str(self.port), "--disable-access-log"],

@@ -106,6 +106,12 @@ def test_chat_sync_stream_equals_non_stream(client, tiny_tokenizer):
     assert chunks[-1].usage.completion_tokens == 10 and chunks[-1].usage.prompt_tokens == len(ids)
 
 
+def test_chat_without_max_tokens_fills_the_context(client):
+    r = client.chat.completions.create(model=MODEL, messages=CHAT, extra_body={"ignore_eos": True})
+    assert r.choices[0].finish_reason == "length"
+    assert r.usage.prompt_tokens + r.usage.completion_tokens == 512  # max_model_len
+
+
 def test_chat_logprobs_and_penalties(client):
     r = client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=4, logprobs=True, top_logprobs=2,
                                        presence_penalty=0.5, frequency_penalty=0.5,

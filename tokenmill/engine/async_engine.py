@@ -6,30 +6,35 @@ Threads and ownership:
   thread sleeps on that Condition while it has nothing to do (no busy spin).
 - Outputs go back with one `loop.call_soon_threadsafe` per step and event loop, into each
   request's `RequestStream`. Outputs are cumulative, so a stream keeps only the latest one per
-  request (a slow consumer skips to it; memory stays bounded); `OutputDeltas` turns cumulative
-  outputs into text / token-id / logprob deltas.
+  request (a slow consumer skips to it; memory stays bounded); the server's `OutputDeltas`
+  (tokenmill/server/deltas.py) turns cumulative outputs into text / token-id / logprob deltas.
 - A stream that is closed before its requests finish (client disconnect, cancellation) aborts them,
   which frees their KV blocks on the next turn of the loop.
 - If the engine raises, the engine is declared dead: every open stream and every pending add gets
-  `EngineDeadError` (never a hang) and `is_healthy` turns False.
+  `EngineDeadError` (never a hang) and `is_healthy` turns False. When the loop stops (dead or shut
+  down) it sets `_closed` under the Condition; an add submitted after that fails at once.
+- Test hook: `TOKENMILL_TEST_STEP_DELAY_S` (seconds) makes the loop sleep after every step, so tests
+  can observe a request while it runs whatever the machine's speed.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import threading
 import time
 from collections import defaultdict
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from tokenmill.request import CompletionOutput, Logprob, RequestOutput
+from tokenmill.request import RequestOutput
 from tokenmill.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
 
 _IDLE_POLL_S = 0.005  # wait when the engine has requests but scheduled nothing (never spins)
+STEP_DELAY_ENV = "TOKENMILL_TEST_STEP_DELAY_S"  # test-only: sleep this long after each step
 
 
 class EngineDeadError(RuntimeError):
@@ -137,8 +142,10 @@ class AsyncLLMEngine:
         self._cond = threading.Condition()
         self._commands: list = []
         self._streams: dict[str, RequestStream] = {}  # owned by the loop thread
-        self._pending_adds = 0  # requests handed over but not yet in the engine (event-loop side)
+        self._pending_adds = 0  # requests handed over but not yet in the engine (guarded by _cond)
         self._stop = False
+        self._closed = False  # set by the loop thread, under _cond, once it stops taking commands
+        self._step_delay_s = float(os.environ.get(STEP_DELAY_ENV) or 0.0)
         self._draining = False
         self.dead_error: BaseException | None = None
         self._thread: threading.Thread | None = None
@@ -184,7 +191,8 @@ class AsyncLLMEngine:
 
     def num_waiting(self) -> int:
         """Requests not yet running: handed over plus waiting in the scheduler (incl. preempted)."""
-        return self._pending_adds + self.engine.num_waiting_requests()
+        with self._cond:  # the loop thread moves requests from one count to the other under it
+            return self._pending_adds + self.engine.num_waiting_requests()
 
     # -- lifecycle ------------------------------------------------------------------------------
     def start(self) -> None:
@@ -222,15 +230,12 @@ class AsyncLLMEngine:
         arrival = arrival_time if arrival_time is not None else time.monotonic()
         stream = RequestStream(self, [r[0] for r in requests], loop)
         fut = loop.create_future()
-        self._pending_adds += n
+        self._submit(_Add([(rid, prompt, params, arrival) for rid, prompt, params in requests], stream, fut))
         try:
-            self._submit(_Add([(rid, prompt, params, arrival) for rid, prompt, params in requests], stream, fut))
             await fut
         except asyncio.CancelledError:
             stream.abort()
             raise
-        finally:
-            self._pending_adds -= n
         return stream
 
     async def add_request(self, request_id: str, prompt, params: SamplingParams,
@@ -260,8 +265,19 @@ class AsyncLLMEngine:
 
     def _submit(self, command) -> None:
         with self._cond:
+            if self._closed:  # the loop has stopped: nobody would ever answer this command
+                if isinstance(command, _Add):
+                    _set_exception(command.future, self._closed_error())
+                return
+            if isinstance(command, _Add):
+                self._pending_adds += len(command.requests)
             self._commands.append(command)
             self._cond.notify()
+
+    def _closed_error(self) -> BaseException:
+        if self.dead_error is not None:
+            return EngineDeadError(f"the engine loop has died: {self.dead_error!r}")
+        return EngineShutdownError("the server is shutting down")
 
     # -- the loop thread ------------------------------------------------------------------------
     def _run(self) -> None:
@@ -281,6 +297,8 @@ class AsyncLLMEngine:
                     t0 = time.monotonic()
                     outputs = engine.step()
                     self._dispatch(outputs)
+                    if self._step_delay_s and outputs:
+                        time.sleep(self._step_delay_s)
                     if not outputs and time.monotonic() - t0 < 1e-3:
                         with self._cond:  # scheduled nothing: wait a little for news, never spin
                             if not self._commands and not self._stop:
@@ -317,17 +335,20 @@ class AsyncLLMEngine:
     def _process_add(self, cmd: _Add) -> None:
         engine = self.engine
         added = []
-        try:
-            if self._stop or self._draining:
-                raise EngineShutdownError("the server is shutting down")
-            for rid, prompt, params, arrival in cmd.requests:
-                engine.add_request(rid, prompt, params, arrival_time=arrival)
-                added.append(rid)
-        except Exception as e:
-            for rid in added:
-                engine.abort_request(rid)
-            _call(cmd.stream.loop, _set_exception, cmd.future, e)
-            return
+        # Under the lock, so num_waiting() never counts a request both as handed over and waiting.
+        with self._cond:
+            self._pending_adds -= len(cmd.requests)
+            try:
+                if self._stop or self._draining:
+                    raise EngineShutdownError("the server is shutting down")
+                for rid, prompt, params, arrival in cmd.requests:
+                    engine.add_request(rid, prompt, params, arrival_time=arrival)
+                    added.append(rid)
+            except Exception as e:
+                for rid in added:
+                    engine.abort_request(rid)
+                _call(cmd.stream.loop, _set_exception, cmd.future, e)
+                return
         for rid in added:
             self._streams[rid] = cmd.stream
         _call(cmd.stream.loop, _set_result, cmd.future, None)
@@ -346,7 +367,9 @@ class AsyncLLMEngine:
 
     def _fail_everything(self, error: BaseException) -> None:
         with self._cond:
+            self._closed = True
             commands, self._commands = self._commands, []
+            self._pending_adds = 0
         for cmd in commands:
             if isinstance(cmd, _Add):
                 _call(cmd.stream.loop, _set_exception, cmd.future, error)
@@ -386,42 +409,3 @@ def _set_exception(fut: asyncio.Future, exc: BaseException) -> None:
 def _deliver_all(items: list[tuple[RequestStream, RequestOutput]]) -> None:
     for stream, out in items:
         stream._deliver(out)
-
-
-# -- deltas for streaming ------------------------------------------------------------------------
-@dataclass
-class ChoiceDelta:
-    index: int
-    text: str
-    token_ids: list[int]
-    logprobs: list[dict[int, Logprob]] | None
-    finish_reason: str | None
-    stop_reason: str | int | None
-    output: CompletionOutput = field(repr=False)  # the cumulative output this delta came from
-
-
-class OutputDeltas:
-    """Turns the cumulative outputs of one request into per-choice deltas (text, token ids,
-    logprobs), each emitted once; a choice's finish_reason is set on its last delta."""
-
-    def __init__(self) -> None:
-        self._text_len: dict[int, int] = {}
-        self._num_tokens: dict[int, int] = {}
-        self._done: set[int] = set()
-
-    def update(self, out: RequestOutput) -> list[ChoiceDelta]:
-        deltas = []
-        for c in out.outputs:
-            if c.index in self._done:
-                continue
-            t0, n0 = self._text_len.get(c.index, 0), self._num_tokens.get(c.index, 0)
-            text, ids = c.text[t0:], c.token_ids[n0:]
-            finished = c.finish_reason is not None
-            if not text and not ids and not finished:
-                continue
-            self._text_len[c.index], self._num_tokens[c.index] = len(c.text), len(c.token_ids)
-            if finished:
-                self._done.add(c.index)
-            lps = c.logprobs[n0:] if c.logprobs is not None else None
-            deltas.append(ChoiceDelta(c.index, text, ids, lps, c.finish_reason, c.stop_reason, c))
-        return deltas

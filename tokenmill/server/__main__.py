@@ -1,6 +1,6 @@
 """python -m tokenmill.server [MODEL] [flags]: same as `tokenmill serve`."""
 import sys
 
-from tokenmill.server.app import main
+from tokenmill.server.launch import main
 
 sys.exit(main())

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from tokenmill.config import EngineConfig
 from tokenmill.engine.arg_utils import add_engine_args, engine_kwargs, non_negative_float, positive_int
@@ -70,3 +71,18 @@ def make_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tokenmill serve",
                                      description="OpenAI-compatible server (completions, chat, /metrics)")
     return add_serve_args(parser)
+
+
+def load_chat_template(value: str | None) -> str | None:
+    """--chat-template: a file holding a Jinja template, or the template itself."""
+    if value is None:
+        return None
+    path = Path(value)
+    try:
+        if path.is_file():
+            return path.read_text()
+    except OSError:
+        pass
+    if "{" not in value:
+        raise ValueError(f"--chat-template: {value!r} is neither a file nor a Jinja template")
+    return value

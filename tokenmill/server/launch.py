@@ -1,0 +1,114 @@
+"""`tokenmill serve` / `python -m tokenmill.server`: the uvicorn process and its signals.
+
+    python -m tokenmill.server [MODEL] --host 127.0.0.1 --port 8000 [--api-key KEY] [engine flags]
+
+Safe defaults: loopback only; with --api-key every /v1 route needs `Authorization: Bearer KEY`
+(401); bodies over --max-request-body-bytes get 413; more than --max-waiting-requests waiting
+requests get 429 with Retry-After; X-Request-Id is echoed (one is made up when absent). On SIGTERM
+the server stops admitting (503), lets in-flight requests finish for --shutdown-timeout seconds,
+aborts the rest with a final error message, and exits 0.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import signal
+import sys
+import threading
+from collections.abc import Callable, Iterator
+
+import uvicorn
+
+from tokenmill.server import cli_args
+from tokenmill.server.app import build_app
+from tokenmill.server.state import ServerState
+
+logger = logging.getLogger("tokenmill.server")
+
+_LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+class _Server(uvicorn.Server):
+    """uvicorn.Server that starts draining on the first SIGTERM/SIGINT and, unlike uvicorn, does
+    not re-raise the signal after shutting down, so a SIGTERM ends the process with status 0."""
+
+    def __init__(self, config: uvicorn.Config, on_signal: Callable[[int], None]) -> None:
+        super().__init__(config)
+        self.on_signal = on_signal
+
+    def handle_exit(self, sig: int, frame) -> None:
+        first = not self.should_exit
+        super().handle_exit(sig, frame)
+        if first:
+            self.on_signal(sig)
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        originals = {s: signal.signal(s, self.handle_exit) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        finally:
+            for s, handler in originals.items():
+                signal.signal(s, handler)
+
+
+def run_server(args: argparse.Namespace) -> int:
+    """`tokenmill serve`: returns the process exit status (0 after SIGTERM or SIGINT, 1 if the model
+    fails to load, 2 for bad flags, 3 (uvicorn's) if the port cannot be bound)."""
+    import prometheus_client
+
+    from tokenmill.engine.engine import LLMEngine
+
+    prometheus_client.disable_created_metrics()  # no *_created series: they only clutter /metrics
+    level = getattr(args, "log_level", "info")
+    logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        config = cli_args.engine_config_from_args(args)
+        chat_template = cli_args.load_chat_template(getattr(args, "chat_template", None))
+    except (ValueError, OSError) as e:
+        print(f"tokenmill serve: error: {e}", file=sys.stderr)
+        return 2
+    if args.host not in _LOOPBACK and not args.api_key:
+        logger.warning("binding to %s without --api-key: anyone who can reach this address can use the server",
+                       args.host)
+    app = build_app(lambda: LLMEngine(config), served_model_names=args.served_model_name, api_key=args.api_key,
+                    max_waiting_requests=args.max_waiting_requests, price_per_hour=args.price_per_hour,
+                    max_request_body_bytes=args.max_request_body_bytes, chat_template=chat_template,
+                    shutdown_timeout=args.shutdown_timeout)
+    state: ServerState = app.state.tokenmill
+    uv_config = uvicorn.Config(app, host=args.host, port=args.port, log_level=level, lifespan="on",
+                               access_log=not getattr(args, "disable_access_log", False),
+                               timeout_graceful_shutdown=args.shutdown_timeout + 5.0)
+    server = _Server(uv_config, _drain_on_signal(state))
+    state.on_fatal = lambda: setattr(server, "should_exit", True)
+    try:
+        server.run()
+    except SystemExit as e:  # uvicorn exits this way when it cannot bind
+        return e.code if isinstance(e.code, int) else 1
+    except KeyboardInterrupt:
+        return 130
+    return 1 if state.load_error is not None else 0
+
+
+def _drain_on_signal(state: ServerState) -> Callable[[int], None]:
+    def on_signal(sig: int) -> None:
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        loop.call_soon_threadsafe(state.begin_drain)
+
+    return on_signal
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_server(cli_args.make_parser().parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

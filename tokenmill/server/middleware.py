@@ -1,0 +1,100 @@
+"""GuardMiddleware: request id echo, API key on /v1, the draining 503 and the request-body cap (413).
+
+Pure ASGI rather than Starlette's BaseHTTPMiddleware: it never buffers responses, so SSE streams
+pass straight through.
+"""
+from __future__ import annotations
+
+import hmac
+import uuid
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from tokenmill.server.errors import APIError, send_error
+from tokenmill.server.state import ServerState
+
+_BODY_METHODS = {"POST", "PUT", "PATCH"}
+
+
+class GuardMiddleware:
+    def __init__(self, app: ASGIApp, state: ServerState) -> None:
+        self.app = app
+        self.state = state
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = {k.lower(): v for k, v in scope.get("headers", [])}
+        rid = headers.get(b"x-request-id") or uuid.uuid4().hex.encode()
+        scope.setdefault("state", {})["request_id"] = rid.decode("latin-1")
+        send = _with_request_id(send, rid)
+        if scope["path"].startswith("/v1"):
+            err = self._refusal(headers)
+            if err is not None:
+                await send_error(send, err)
+                return
+        if scope.get("method") in _BODY_METHODS:
+            await self._with_capped_body(scope, receive, send, headers.get(b"content-length"))
+            return
+        await self.app(scope, receive, send)
+
+    def _refusal(self, headers: dict[bytes, bytes]) -> APIError | None:
+        st = self.state
+        if st.api_key is not None and not _authorized(headers.get(b"authorization"), st.api_key):
+            return APIError(401, "invalid or missing API key (send 'Authorization: Bearer KEY')",
+                            "invalid_request_error", None, "invalid_api_key", {"WWW-Authenticate": "Bearer"})
+        if st.draining:
+            return st.unavailable()
+        return None
+
+    async def _with_capped_body(self, scope: Scope, receive: Receive, send: Send, length: bytes | None) -> None:
+        """Read the whole body (413 past the cap), then run the app with it replayed."""
+        cap = self.state.max_request_body_bytes
+        too_big = APIError(413, f"request body exceeds {cap} bytes", "invalid_request_error", None,
+                           "request_too_large")
+        try:
+            if length is not None and int(length) > cap:
+                await send_error(send, too_big, close=True)
+                return
+        except ValueError:
+            await send_error(send, APIError(400, "invalid Content-Length", code="invalid_content_length"),
+                             close=True)
+            return
+        chunks, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            body = message.get("body", b"")
+            size += len(body)
+            if size > cap:
+                await send_error(send, too_big, close=True)
+                return
+            chunks.append(body)
+            if not message.get("more_body", False):
+                break
+        replay = [{"type": "http.request", "body": b"".join(chunks), "more_body": False}]
+
+        async def receive_replayed() -> Message:
+            return replay.pop() if replay else await receive()
+
+        await self.app(scope, receive_replayed, send)
+
+
+def _with_request_id(send: Send, rid: bytes) -> Send:
+    async def send_with_id(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            message = dict(message)
+            message["headers"] = [*(h for h in message.get("headers", []) if h[0].lower() != b"x-request-id"),
+                                  (b"x-request-id", rid)]
+        await send(message)
+
+    return send_with_id
+
+
+def _authorized(header: bytes | None, key: str) -> bool:
+    if not header:
+        return False
+    expected = f"Bearer {key}".encode()
+    return hmac.compare_digest(header.strip(), expected)

@@ -1,0 +1,88 @@
+"""Chat templates and text prompts -> token ids, off the event loop and off the engine thread.
+
+A Hugging Face fast tokenizer wraps one Rust object that two threads must not use at once (it
+fails with "Already borrowed"). The engine thread owns the engine's tokenizer; the server
+tokenizes in a small thread pool whose threads each load their own tokenizer from the same folder,
+and hands the engine token ids.
+"""
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+TOKENIZER_THREADS = 2
+
+
+class PromptError(ValueError):
+    """The messages cannot be turned into a prompt (bad template, empty result)."""
+
+
+class PromptTokenizer:
+    """Tokenizes in `num_threads` threads, each with its own tokenizer loaded from `name_or_path`."""
+
+    def __init__(self, name_or_path: str, chat_template: str | None = None,
+                 num_threads: int = TOKENIZER_THREADS) -> None:
+        self.name_or_path = name_or_path
+        self.chat_template = chat_template
+        self.num_threads = num_threads
+        self._pool = ThreadPoolExecutor(num_threads, thread_name_prefix="tokenmill-tokenizer")
+        self._local = threading.local()
+
+    def _tokenizer(self):
+        """This pool thread's own tokenizer (loaded on its first use)."""
+        tok = getattr(self._local, "tokenizer", None)
+        if tok is None:
+            from transformers import AutoTokenizer
+            tok = self._local.tokenizer = AutoTokenizer.from_pretrained(self.name_or_path)
+        return tok
+
+    async def run(self, fn: Callable[..., T], *args: Any) -> T:
+        """`fn(tokenizer, *args)` in a pool thread, with that thread's tokenizer."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._pool, lambda: fn(self._tokenizer(), *args))
+
+    async def encode(self, texts: list[str]) -> list[list[int]]:
+        """Token ids of each text, with the tokenizer's special tokens (as the engine would)."""
+        return await self.run(_encode, texts)
+
+    async def chat_prompt(self, messages: list[dict], add_generation_prompt: bool,
+                          template_kwargs: dict[str, Any]) -> list[int]:
+        """Token ids of the chat template applied to `messages`; raises PromptError."""
+        return await self.run(_apply_chat_template, messages, self.chat_template, add_generation_prompt,
+                              template_kwargs)
+
+    def warm_up(self) -> None:
+        """Start loading the threads' tokenizers now rather than on the first requests."""
+        for _ in range(self.num_threads):  # usually one per thread (best effort)
+            self._pool.submit(self._tokenizer)
+
+    def shutdown(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _encode(tok, texts: list[str]) -> list[list[int]]:
+    return [tok.encode(text, add_special_tokens=True) for text in texts]
+
+
+def _apply_chat_template(tok, messages: list[dict], chat_template: str | None, add_generation_prompt: bool,
+                         template_kwargs: dict[str, Any]) -> list[int]:
+    try:
+        ids = tok.apply_chat_template(messages, chat_template=chat_template, tokenize=True,
+                                      add_generation_prompt=add_generation_prompt, **template_kwargs)
+    except Exception as e:
+        hint = "" if getattr(tok, "chat_template", None) or chat_template else \
+            " (this model's tokenizer has no chat template: start the server with --chat-template)"
+        raise PromptError(f"cannot apply the chat template: {e}{hint}") from None
+    if isinstance(ids, dict) or hasattr(ids, "input_ids"):
+        ids = ids["input_ids"]
+    ids = list(ids)
+    if ids and isinstance(ids[0], list):  # some tokenizers return a batch of one
+        ids = ids[0]
+    if not ids:
+        raise PromptError("the chat template produced an empty prompt")
+    return ids
