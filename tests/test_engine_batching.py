@@ -131,3 +131,38 @@ def test_abort_frees_blocks(tiny_llm):
     assert engine.core.kv.pool.num_used_blocks > 0
     engine.abort_request(rid)
     assert engine.core.kv.pool.num_used_blocks == 0 and not engine.has_unfinished_requests()
+
+
+def test_logprobs_rank_of_a_sampled_token_outside_the_top_k(tiny_llm):
+    """As vLLM: the sampled token's entry carries its rank (1 + tokens more likely) even when it is
+    not among the top-k alternatives; the alternatives are ranked 1..k."""
+    p = SamplingParams(max_tokens=24, temperature=5.0, seed=3, logprobs=1, ignore_eos=True)
+    out = tiny_llm.generate([{"prompt_token_ids": [5, 6, 7]}], p, use_tqdm=False)[0].outputs[0]
+    outside = [(t, lp) for t, lp in zip(out.token_ids, out.logprobs) if lp[t].rank != 1]
+    assert outside, "temperature 5 should sample some non-top-1 tokens"
+    for tok, lp in outside:
+        top = [x for t, x in lp.items() if t != tok]
+        assert len(top) == 1 and top[0].rank == 1 and lp[tok].rank > 1
+        assert lp[tok].logprob <= top[0].logprob and lp[tok].decoded_token is not None
+
+
+def test_bad_prompt_type_fails_the_batch_and_queues_nothing(tiny_llm):
+    engine = tiny_llm.llm_engine
+    with pytest.raises(TypeError, match=r"prompts\[2\] must be a string"):
+        tiny_llm.generate(["hello", {"prompt_token_ids": [4, 5]}, 3.5], SamplingParams(max_tokens=2))
+    with pytest.raises(TypeError, match=r"sampling_params\[1\] must be a SamplingParams"):
+        tiny_llm.generate(["a", "b"], [SamplingParams(), {"max_tokens": 2}])
+    assert not engine.has_unfinished_requests() and engine.core.kv.pool.num_used_blocks == 0
+
+
+def test_max_tokens_beyond_the_context_is_refused(tiny_llama):
+    """As the OpenAI API and vLLM: prompt + max_tokens must fit in max_model_len (never silently
+    clamped); max_tokens=None takes the room that is left."""
+    llm = LLM(str(tiny_llama), dtype="float32", kv_cache_memory_gb=0.02, max_model_len=64)
+    out = llm.generate([{"prompt_token_ids": list(range(3, 43))}], SamplingParams(max_tokens=30), use_tqdm=False)[0]
+    assert out.error == ("This model's maximum context length is 64 tokens. However, you requested 70 tokens "
+                         "(40 in the input, 30 in the completion). Please reduce the length of the input or "
+                         "completion.")
+    free = llm.generate([{"prompt_token_ids": list(range(3, 43))}],
+                        SamplingParams(max_tokens=None, temperature=0, ignore_eos=True), use_tqdm=False)[0]
+    assert len(free.outputs[0].token_ids) == 24 and free.outputs[0].finish_reason == "length"

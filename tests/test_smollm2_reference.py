@@ -37,3 +37,19 @@ def test_chat_uses_the_gguf_chat_template(llm_f32):
     assert tok.decode(out.prompt_token_ids).startswith("<|im_start|>system")
     assert "Paris" in out.outputs[0].text
     assert out.outputs[0].finish_reason in ("stop", "length")
+
+
+def test_stop_string_before_min_tokens_is_not_cut(llm_f32, smollm2_folder):
+    """A stop string that appears before min_tokens is reached is ignored, as in vLLM: the text
+    stays equal to the decoded token ids (it used to be cut out of the middle while generation went
+    on). Default model, float32, greedy."""
+    ids = [1, 504, 2365, 282, 4649, 314]
+    params = SamplingParams(max_tokens=40, min_tokens=30, stop=["French-American"], temperature=0)
+    out = llm_f32.generate([{"prompt_token_ids": ids}], params, use_tqdm=False)[0].outputs[0]
+    decoded = llm_f32.get_tokenizer().decode(out.token_ids, skip_special_tokens=True)
+    assert "French-American" in decoded[:40]  # the stop string does occur, early
+    assert out.text == decoded[:len(out.text)] and len(out.token_ids) >= 30
+    if out.finish_reason == "stop":  # a later occurrence (past min_tokens) may legitimately stop it
+        assert out.stop_reason == "French-American" and decoded.startswith(out.text + "French-American")
+    else:
+        assert out.text == decoded

@@ -21,7 +21,7 @@ from tokenmill.attention.backend import AttentionBackend, BatchLayout
 from tokenmill.attention.kv_cache import gather_blocks, is_quantized, write_kv
 from tokenmill.kernels import cpu_ops
 
-# Query pieces for chunks longer than this (measured best on 2 cores: 512x512 causal 12.4 -> 9.0 ms)
+# Query pieces for chunks longer than this (the best sizes measured; docs/BENCHMARKS_HISTORY.md)
 PIECE = 128
 SPLIT_ABOVE = 256
 

@@ -20,8 +20,7 @@ Bytes per token and layer (K and V): 2 * Hkv * (D + 1) with the 1-byte code, i.e
 bf16: 65/128 = 50.8% for SmolLM2-135M (D = 64), 11,700 vs 23,040 bytes per token; with fp32 scales
 68/128 = 53.1%. Exactly half would need scales that take no memory: a per-(block, head) scale gets
 to 64.25/128 = 50.2%, but a block filled by decode steps must then be requantized each time its
-absmax grows, and those roundings add up (measured: +1.6% perplexity at one token per step vs +0.24%
-for per-token scales, int8 on SmolLM2; see docs/benchmarks/prefix_and_kv_quant.md).
+absmax grows, and those roundings add up (measured in docs/benchmarks/prefix_and_kv_quant.md).
 """
 from __future__ import annotations
 

@@ -25,7 +25,7 @@ class DetokState:
 class IncrementalDetokenizer:
     def __init__(self, tokenizer) -> None:
         self.tokenizer = tokenizer
-        # the Rust tokenizer's decode skips transformers' per-call Python conversions (~5x faster)
+        # the Rust tokenizer's decode skips transformers' per-call Python conversions
         self._fast = getattr(tokenizer, "backend_tokenizer", None)
         self._token_text: dict[int, str] = {}  # one token decoded alone (logprob entries), bounded by the vocab
 

@@ -38,9 +38,8 @@ def _build() -> bool:
         return True
     try:
         from torch.utils import cpp_extension
-        cpp_extension.load(name=f"tokenmill_cpu_ops_{_cpu_tag()}", sources=[str(s) for s in _SOURCES],
-                           extra_cflags=_FLAGS + [f"-DTOKENMILL_HEADERS={_headers_hash()}"],
-                           extra_ldflags=["-fopenmp"], is_python_module=False, verbose=False)
+        cpp_extension.load(name=f"tokenmill_cpu_ops_{_build_tag()}", sources=[str(s) for s in _SOURCES],
+                           extra_cflags=_FLAGS, extra_ldflags=["-fopenmp"], is_python_module=False, verbose=False)
         return _registered()
     except Exception as e:  # no compiler, no ninja, a build error: fall back, say why once
         logger.warning("tokenmill C++ CPU kernels unavailable (%s: %s); using the PyTorch attention path",
@@ -48,25 +47,24 @@ def _build() -> bool:
         return False
 
 
-def _headers_hash() -> str:
-    """torch rebuilds a cached extension when a source or a flag changes, not when a header does:
-    the headers' hash goes into the flags."""
+def _build_tag() -> str:
+    """The build folder's name: one per CPU, source location and source content. -march=native code
+    must not be reused on another CPU (a shared home directory, a migrated VM); torch rebuilds in
+    place when a .cpp changes but not when a header does, and two installs (a checkout and a wheel)
+    sharing one folder would rebuild over each other's sources: a new folder for each avoids all
+    three."""
     digest = hashlib.sha256()
-    for header in sorted(_CSRC.glob("*.h")):
-        digest.update(header.read_bytes())
-    return digest.hexdigest()[:12]
-
-
-def _cpu_tag() -> str:
-    """-march=native code must not be reused on another CPU (a shared home directory, a migrated
-    VM): the build cache is keyed by this machine's CPU model and flags."""
-    info = ""
     try:
         with open("/proc/cpuinfo") as f:
-            info = "".join(line for line in f if line.startswith(("model name", "flags")))
+            digest.update("".join(line for line in f if line.startswith(("model name", "flags"))).encode())
     except OSError:
         pass
-    return hashlib.sha256(info.encode()).hexdigest()[:10]
+    digest.update(str(_CSRC.resolve()).encode())
+    digest.update(" ".join(_FLAGS).encode())
+    for path in sorted(_CSRC.iterdir()):
+        if path.suffix in (".cpp", ".h"):
+            digest.update(path.name.encode() + path.read_bytes())
+    return digest.hexdigest()[:12]
 
 
 def _registered() -> bool:

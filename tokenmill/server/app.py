@@ -120,7 +120,8 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
         err = state.unavailable()
         if err is not None:
             raise err
-        root = str(state.engine.engine.model_folder) if hasattr(state.engine.engine, "model_folder") else None
+        config = getattr(state.engine.engine, "config", None)
+        root = config.model.path if config is not None else None
         return {"object": "list", "data": [
             {"id": name, "object": "model", "created": state.started_at, "owned_by": "tokenmill", "root": root,
              "max_model_len": state.engine.max_model_len} for name in state.served_model_names]}

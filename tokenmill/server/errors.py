@@ -67,7 +67,10 @@ def engine_error(e: BaseException, aliases: dict[str, str] | None = None) -> API
     if isinstance(e, EngineShutdownError):
         return APIError(503, str(e), "service_unavailable", None, "shutting_down")
     if isinstance(e, ValueError):
-        return APIError(400, str(e), param=param_of(str(e), aliases))
+        param = getattr(e, "param", None)  # RequestValidationError names its field
+        param = (aliases or {}).get(param, param) if param else param_of(str(e), aliases)
+        code = "context_length_exceeded" if "maximum context length" in str(e) else None
+        return APIError(400, str(e), param=param, code=code)
     logger.exception("unexpected engine error", exc_info=e)
     return APIError(500, f"internal error: {type(e).__name__}: {e}", "server_error")
 

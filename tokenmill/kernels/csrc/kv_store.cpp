@@ -1,7 +1,7 @@
 // Store a step's new K/V rows into the paged cache: cache[slot[t]] = x[t] for K and V.
 // Plain caches only (no quantization), x in the cache's dtype; x may be a strided view ([T, Hkv, D]
-// slices of the fused qkv output). aten::index_copy_ took 30-140 us a call here for a few dozen
-// rows (two calls per layer per step: ~3% of a decode step); this is a row memcpy.
+// slices of the fused qkv output). aten::index_copy_ has a high fixed cost for a few dozen rows
+// (two calls per layer per step; docs/BENCHMARKS_HISTORY.md); this is a row memcpy.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>

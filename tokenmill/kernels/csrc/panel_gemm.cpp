@@ -4,8 +4,8 @@
 // panel zero-padded). A panel is read sequentially, so at small M the kernel streams the weight at
 // close to read bandwidth, and from ~6 rows up it is compute-bound: the micro-kernel
 // (gemm_micro.h) keeps an MR x 16 block of y in registers, reusing each panel from L2 for every
-// block of rows. oneDNN with a prepacked weight reached 35-57 GFLOP/s at 5-64 rows here, this
-// 48-72; at prefill sizes both run at the machine's peak (docs/BENCHMARKS.md).
+// block of rows. Measured against oneDNN with a prepacked weight: docs/BENCHMARKS.md, "GEMM"
+// (`python -m tokenmill.bench.kernels`).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
