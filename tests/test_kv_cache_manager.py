@@ -163,7 +163,7 @@ def test_random_traffic_never_leaks(ops, num_blocks, block_size, budget, caching
     for op, pfx, length, max_tokens in ops:
         if op == "add":
             tokens = (prefixes[pfx] + list(range(100 + n, 100 + n + length)))[: max(1, length + 6)]
-            if not kv.can_ever_fit(len(tokens) + max_tokens + lookahead):
+            if -(-(len(tokens) + max_tokens + lookahead) // block_size) > num_blocks:
                 continue
             core.add_request(_req(str(n), tokens, max_tokens))
             live.append(str(n))

@@ -7,7 +7,7 @@ from tqdm import tqdm
 
 from tokenmill.config import EngineConfig
 from tokenmill.engine.engine import LLMEngine
-from tokenmill.request import CompletionOutput, RequestOutput
+from tokenmill.request import CompletionOutput, FinishReason, RequestOutput
 from tokenmill.sampling_params import SamplingParams
 
 PromptType = str | list[int] | dict
@@ -101,5 +101,5 @@ def _check_types(prompts: Sequence, params: Sequence) -> None:
 def _error_output(rid: str, prompt, message: str) -> RequestOutput:
     text = prompt if isinstance(prompt, str) else None
     ids = list(prompt) if isinstance(prompt, list) else []
-    return RequestOutput(rid, text, ids, [CompletionOutput(0, "", [], finish_reason="error")],
+    return RequestOutput(rid, text, ids, [CompletionOutput(0, "", [], finish_reason=FinishReason.ERROR.value)],
                          finished=True, error=message)

@@ -7,14 +7,6 @@ from dataclasses import dataclass
 
 import torch
 
-from tokenmill.attention.kv_cache import (  # noqa: F401
-    KVCacheSpec,
-    QuantizedKVCacheSpec,
-    gather_blocks,
-    gather_slots,
-    make_kv_cache_spec,
-    write_kv,
-)
 
 
 @dataclass

@@ -19,7 +19,6 @@ class DryRunExecutor:
         self.clock = clock
         self.step_cost = step_cost
         self.num_tokens: dict[str, int] = {}  # request id -> tokens known (prompt + sampled)
-        self.num_steps = 0
 
     def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
         for rid in (*out.finished_request_ids, *out.preempted_request_ids):
@@ -35,5 +34,4 @@ class DryRunExecutor:
                 sampled.append(rid)
         if self.clock is not None and self.step_cost is not None:
             self.clock.advance(self.step_cost(out))
-        self.num_steps += 1
         return ModelRunnerOutput(sampled, [[self.token_id] for _ in sampled])

@@ -127,9 +127,6 @@ class KVCacheManager:
     def block_ids(self, request_id: str) -> list[int]:
         return [b.block_id for b in self.req_blocks.get(request_id, [])]
 
-    def can_ever_fit(self, num_tokens: int) -> bool:
-        return cdiv(num_tokens, self.block_size) <= self.pool.num_blocks
-
     @property
     def capacity_tokens(self) -> int:
         return self.pool.num_blocks * self.block_size

@@ -152,11 +152,6 @@ class AsyncLLMEngine:
         if start:
             self.start()
 
-    @classmethod
-    def from_config(cls, config, **kwargs) -> AsyncLLMEngine:
-        from tokenmill.engine.engine import LLMEngine
-        return cls(LLMEngine(config), **kwargs)
-
     # -- facts about the engine (read-only, safe from any thread) ------------------------------
     @property
     def tokenizer(self):

@@ -113,10 +113,6 @@ def chunked_scores(engine, token_ids: list[int], chunk: int = 256) -> tuple[torc
         pool.free(list(reversed(blocks)))
 
 
-def perplexity(engine, token_ids: list[int], chunk: int = 256) -> float:
-    return math.exp(-chunked_scores(engine, token_ids, chunk)[0].double().mean().item())
-
-
 _PLAIN_KV_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 
 

@@ -93,7 +93,3 @@ def paged_decode(q: torch.Tensor, kv_cache: tuple[torch.Tensor, ...], block_tabl
 
 _EMPTY = torch.empty(0)
 
-
-def fused_ops_usable(x: torch.Tensor) -> bool:
-    """The fused layer ops (float32 only) apply to this activation tensor."""
-    return x.dtype == torch.float32 and x.dim() == 2 and not x.requires_grad and load()

@@ -29,7 +29,6 @@ class ModelConfig:
     tie_word_embeddings: bool
     attention_bias: bool
     eos_token_ids: tuple[int, ...]
-    bos_token_id: int | None
     sliding_window: int | None
 
     @classmethod
@@ -52,7 +51,7 @@ class ModelConfig:
             tie_word_embeddings=cfg.get("tie_word_embeddings", False),
             attention_bias=cfg.get("attention_bias", False),
             eos_token_ids=(eos,) if isinstance(eos, int) else tuple(eos or ()),
-            bos_token_id=cfg.get("bos_token_id"), sliding_window=cfg.get("sliding_window"))
+            sliding_window=cfg.get("sliding_window"))
         fields.update(overrides)
         return cls(**fields)
 

@@ -1,9 +1,9 @@
 """Cumulative engine outputs -> per-choice deltas for streaming responses."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from tokenmill.request import CompletionOutput, Logprob, RequestOutput
+from tokenmill.request import Logprob, RequestOutput
 
 
 @dataclass
@@ -14,7 +14,6 @@ class ChoiceDelta:
     logprobs: list[dict[int, Logprob]] | None
     finish_reason: str | None
     stop_reason: str | int | None
-    output: CompletionOutput = field(repr=False)  # the cumulative output this delta came from
 
 
 class OutputDeltas:
@@ -40,5 +39,5 @@ class OutputDeltas:
             if finished:
                 self._done.add(c.index)
             lps = c.logprobs[n0:] if c.logprobs is not None else None
-            deltas.append(ChoiceDelta(c.index, text, ids, lps, c.finish_reason, c.stop_reason, c))
+            deltas.append(ChoiceDelta(c.index, text, ids, lps, c.finish_reason, c.stop_reason))
         return deltas

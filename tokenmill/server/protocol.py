@@ -5,7 +5,7 @@ SamplingParams, whose ValueError names the field. Unknown fields are ignored, as
 """
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -81,9 +81,6 @@ class ChatCompletionRequest(_SamplingFields):
     continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
 
-
-ErrorType = Literal["invalid_request_error", "authentication_error", "not_found_error", "rate_limit_error",
-                    "server_error", "service_unavailable"]
 
 
 def error_body(message: str, type: str = "invalid_request_error", param: str | None = None,

@@ -139,8 +139,3 @@ class ModelRunner:
         meta = self.backend.build_metadata(layout)
         hidden = self.model(torch.tensor(token_ids), torch.arange(n), self.kv_caches, self.backend, meta)
         return self.model.compute_logits(hidden)
-
-    def prompt_logprobs(self, token_ids: list[int]) -> torch.Tensor:
-        """log p(token[i+1] | token[:i+1]) for each position: the basis of perplexity."""
-        logp = torch.log_softmax(self.full_logits(token_ids)[:-1], dim=-1)
-        return logp.gather(1, torch.tensor(token_ids[1:])[:, None]).squeeze(1)
