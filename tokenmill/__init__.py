@@ -1,6 +1,9 @@
 """tokenmill: an LLM inference engine whose first metric is the cost of a token under a latency SLO."""
+from tokenmill import logger as _logger
 from tokenmill.request import CompletionOutput, RequestOutput
 from tokenmill.sampling_params import SamplingParams
+
+_logger.configure()
 
 
 def __getattr__(name: str):

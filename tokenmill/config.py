@@ -88,7 +88,9 @@ class CacheConfig:
 
 @dataclass(frozen=True)
 class DeviceConfig:
-    num_threads: int
+    num_threads: int  # the most the model uses; fewer while other processes keep the cores busy
+    adaptive_threads: bool  # False when the user fixed the count (--num-threads)
+    threads_reason: str  # for the startup log
     attention_backend: str
     seed: int
 

@@ -1,9 +1,11 @@
-"""Facts about the CPU this process runs on (torch-free): instruction-set flags, memory, and the
-cores it may use."""
+"""Facts about the CPU this process runs on (torch-free): instruction-set flags, memory, the cores
+it may use (affinity and cgroup quota), and how busy other processes keep them."""
 from __future__ import annotations
 
 import functools
+import math
 import os
+from dataclasses import dataclass
 
 
 @functools.lru_cache(maxsize=1)
@@ -33,5 +35,73 @@ def available_memory_bytes() -> int:
     return 8 << 30
 
 
-def usable_cores() -> int:
-    return len(os.sched_getaffinity(0))
+def cgroup_cpu_limit() -> float | None:
+    """The CPU quota of this process's cgroup in cores (cgroup v2 cpu.max, or v1
+    cfs_quota_us / cfs_period_us), None when unlimited or unknown."""
+    for path in ("/sys/fs/cgroup/cpu.max",):
+        try:
+            quota, period = open(path).read().split()[:2]
+            return None if quota == "max" else int(quota) / int(period)
+        except (OSError, ValueError):
+            pass
+    try:
+        quota = int(open("/sys/fs/cgroup/cpu/cpu.cfs_quota_us").read())
+        period = int(open("/sys/fs/cgroup/cpu/cpu.cfs_period_us").read())
+        return quota / period if quota > 0 and period > 0 else None
+    except (OSError, ValueError):
+        return None
+
+
+@dataclass(frozen=True)
+class CoreBudget:
+    """How many threads the model should use, and why (for the startup log)."""
+    threads: int
+    reason: str
+
+
+def core_budget(requested: int | None = None) -> CoreBudget:
+    cores = sorted(os.sched_getaffinity(0))
+    if requested is not None:
+        return CoreBudget(requested, f"--num-threads {requested}")
+    quota = cgroup_cpu_limit()
+    threads = len(cores)
+    reason = f"{len(cores)} cores in this process's CPU affinity ({_ranges(cores)})"
+    if quota is not None and math.ceil(quota) < threads:
+        threads = max(1, math.ceil(quota))
+        reason += f", cgroup CPU quota {quota:g} cores"
+    return CoreBudget(threads, reason)
+
+
+def _ranges(cores: list[int]) -> str:
+    out, start = [], None
+    for i, c in enumerate(cores):
+        if start is None:
+            start = c
+        if i + 1 == len(cores) or cores[i + 1] != c + 1:
+            out.append(f"{start}" if start == c else f"{start}-{c}")
+            start = None
+    return ",".join(out)
+
+
+def busy_jiffies(cores: set[int]) -> int:
+    """Busy time (user, nice, system, irq, softirq, steal) of the given CPUs since boot, in clock
+    ticks, from /proc/stat; 0 if unreadable."""
+    total = 0
+    try:
+        with open("/proc/stat") as f:
+            for line in f:
+                if not line.startswith("cpu") or line.startswith("cpu "):
+                    continue
+                parts = line.split()
+                if int(parts[0][3:]) in cores:
+                    user, nice, system, _idle, _iowait, irq, softirq, steal = map(int, parts[1:9])
+                    total += user + nice + system + irq + softirq + steal
+    except (OSError, ValueError):
+        return 0
+    return total
+
+
+def self_jiffies() -> int:
+    """CPU time of this process (all threads), in clock ticks."""
+    t = os.times()
+    return round((t.user + t.system) * os.sysconf("SC_CLK_TCK"))

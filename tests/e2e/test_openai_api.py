@@ -175,3 +175,18 @@ def test_raw_sse_format(server):
     finished = sorted(c["index"] for b in bodies for c in b["choices"] if c.get("finish_reason"))
     assert finished == [0, 1]
     assert bodies[-1]["usage"]["completion_tokens"] == 6
+
+
+@pytest.mark.parametrize("endpoint", ["completions", "chat"])
+def test_max_tokens_beyond_the_context_is_a_400(client, endpoint):
+    """As the OpenAI API and vLLM: never generate past (or silently clamp to) the context."""
+    with pytest.raises(openai.BadRequestError) as e:
+        if endpoint == "completions":
+            client.completions.create(model="tiny", prompt="hi", max_tokens=100_000)
+        else:
+            client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}],
+                                           max_completion_tokens=100_000)
+    err = e.value.body
+    assert err["code"] == "context_length_exceeded"
+    assert err["param"] == ("max_tokens" if endpoint == "completions" else "max_completion_tokens")
+    assert "maximum context length is 512 tokens" in err["message"] and "you requested" in err["message"]

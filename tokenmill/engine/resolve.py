@@ -10,7 +10,7 @@ import torch
 
 from tokenmill.config import CacheConfig, DeviceConfig, EngineConfig, ModelSpec, TokenmillConfig
 from tokenmill.core.scheduler import SchedulerConfig
-from tokenmill.cpu import available_memory_bytes, cpu_has_bf16, usable_cores
+from tokenmill.cpu import available_memory_bytes, core_budget, cpu_has_bf16
 from tokenmill.models.identity import model_content_id
 from tokenmill.models.model_config import ModelConfig, read_hf_config
 from tokenmill.models.registry import get_model_class
@@ -23,14 +23,15 @@ DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 
 def resolve_config(cfg: EngineConfig) -> TokenmillConfig:
     model = resolve_model(cfg)
+    budget = core_budget(cfg.num_threads)
     return TokenmillConfig(
         model=model,
         cache=resolve_cache(cfg, model),
         scheduler=SchedulerConfig(max_num_batched_tokens=cfg.max_num_batched_tokens, max_num_seqs=cfg.max_num_seqs,
                                   max_model_len=model.max_model_len,
                                   long_prefill_token_threshold=cfg.long_prefill_token_threshold),
-        device=DeviceConfig(num_threads=cfg.num_threads or usable_cores(), attention_backend=cfg.attention_backend,
-                            seed=cfg.seed))
+        device=DeviceConfig(num_threads=budget.threads, adaptive_threads=cfg.num_threads is None,
+                            threads_reason=budget.reason, attention_backend=cfg.attention_backend, seed=cfg.seed))
 
 
 def resolve_model_folder(model: str | None) -> Path:
@@ -60,7 +61,9 @@ def resolve_model(cfg: EngineConfig) -> ModelSpec:
 def resolve_dtype(name: str) -> str:
     if name != "auto":
         return name
-    return "bfloat16" if cpu_has_bf16() else "float32"
+    dtype = "bfloat16" if cpu_has_bf16() else "float32"
+    logger.info("dtype auto -> %s (this CPU %s AVX-512 bf16)", dtype, "has" if dtype == "bfloat16" else "lacks")
+    return dtype
 
 
 def resolve_max_model_len(arch: ModelConfig, requested: int | None) -> int:

@@ -1,7 +1,8 @@
 """Our C++ CPU kernels (tokenmill/kernels/csrc), compiled for this machine at first use.
 
-The build (g++ through torch.utils.cpp_extension, ~30-60 s on 2 cores) happens once per machine and
-source version; later processes load the cached library in well under a second. Without a compiler,
+The build (g++ through torch.utils.cpp_extension, about a minute on 2 cores, announced in the log)
+happens once per machine and source version; later processes load the cached library in well under
+a second. Without a compiler,
 or with TOKENMILL_CPU_KERNELS=0, `load()` returns False and callers use the pure-PyTorch path."""
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import hashlib
 import logging
 import os
 import threading
+import time
 from pathlib import Path
 
 import torch
@@ -33,18 +35,39 @@ def load() -> bool:
 
 def _build() -> bool:
     if os.environ.get("TOKENMILL_CPU_KERNELS", "1") == "0":
+        logger.info("C++ CPU kernels off (TOKENMILL_CPU_KERNELS=0): PyTorch ops for attention, linear and "
+                    "layer ops (slower)")
         return False
     if _registered():
         return True
     try:
         from torch.utils import cpp_extension
-        cpp_extension.load(name=f"tokenmill_cpu_ops_{_build_tag()}", sources=[str(s) for s in _SOURCES],
-                           extra_cflags=_FLAGS, extra_ldflags=["-fopenmp"], is_python_module=False, verbose=False)
-        return _registered()
+        name = f"tokenmill_cpu_ops_{_build_tag()}"
+        folder = _build_folder(cpp_extension, name)
+        cached = folder is not None and (folder / f"{name}.so").is_file()
+        if not cached:
+            logger.info("compiling tokenmill's C++ CPU kernels for this CPU (once per machine and version, "
+                        "about a minute on 2 cores; cached in %s)", folder or "torch's extension cache")
+        t0 = time.monotonic()
+        cpp_extension.load(name=name, sources=[str(s) for s in _SOURCES], extra_cflags=_FLAGS,
+                           extra_ldflags=["-fopenmp"], is_python_module=False, verbose=False)
+        ok = _registered()
+        if ok:
+            logger.info("C++ CPU kernels %s (%s): paged decode and prefill attention, panel GEMM, fused layer "
+                        "ops, KV store; built with %s", "loaded" if cached else
+                        f"compiled in {time.monotonic() - t0:.0f} s", name, " ".join(_FLAGS[:2]))
+        return ok
     except Exception as e:  # no compiler, no ninja, a build error: fall back, say why once
-        logger.warning("tokenmill C++ CPU kernels unavailable (%s: %s); using the PyTorch attention path",
+        logger.warning("tokenmill C++ CPU kernels unavailable (%s: %s); using the slower PyTorch ops instead",
                        type(e).__name__, str(e).splitlines()[0] if str(e) else "")
         return False
+
+
+def _build_folder(cpp_extension, name: str) -> Path | None:
+    try:
+        return Path(cpp_extension._get_build_directory(name, verbose=False))
+    except Exception:  # a private helper of torch: if it moves, only the message loses the path
+        return None
 
 
 def _build_tag() -> str:

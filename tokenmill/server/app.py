@@ -39,12 +39,12 @@ def build_app(engine_client: EngineSource, *,
               price_per_hour: float = cli_args.DEFAULT_PRICE_PER_HOUR,
               max_request_body_bytes: int = cli_args.DEFAULT_MAX_REQUEST_BODY_BYTES,
               chat_template: str | None = None,
-              shutdown_timeout: float = cli_args.DEFAULT_SHUTDOWN_TIMEOUT_S) -> FastAPI:
+              shutdown_timeout: float = cli_args.DEFAULT_SHUTDOWN_TIMEOUT_S, log_stats: bool = True) -> FastAPI:
     """The app over an engine: an AsyncLLMEngine, an LLMEngine (wrapped here), or a zero-argument
     callable that builds an LLMEngine; the callable runs in a background thread at startup while
     /health answers 503 "loading"."""
     state = ServerState(served_model_names, api_key, max_waiting_requests, price_per_hour, max_request_body_bytes,
-                        chat_template, shutdown_timeout)
+                        chat_template, shutdown_timeout, log_stats)
     app = FastAPI(title="tokenmill", summary="OpenAI-compatible LLM server",
                   lifespan=_lifespan(state, engine_client, max_waiting_requests))
     app.state.tokenmill = state

@@ -55,6 +55,8 @@ def add_serve_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     srv.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"),
                      help="server log level (default: %(default)s)")
     srv.add_argument("--disable-access-log", action="store_true", help="do not log every HTTP request")
+    srv.add_argument("--disable-log-stats", action="store_true",
+                     help="no periodic line (throughput, running/waiting requests, KV usage, prefix hit rate)")
 
     add_engine_args(parser)
     return parser

@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterator
 
 import uvicorn
 
+from tokenmill import logger as tm_logger
 from tokenmill.server import cli_args
 from tokenmill.server.app import build_app
 from tokenmill.server.state import ServerState
@@ -66,7 +67,7 @@ def run_server(args: argparse.Namespace) -> int:
 
     prometheus_client.disable_created_metrics()  # no *_created series: they only clutter /metrics
     level = getattr(args, "log_level", "info")
-    logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    tm_logger.set_level(level)
     try:
         config = cli_args.engine_config_from_args(args)
         chat_template = cli_args.load_chat_template(getattr(args, "chat_template", None))
@@ -79,9 +80,11 @@ def run_server(args: argparse.Namespace) -> int:
     app = build_app(lambda: LLMEngine(config), served_model_names=args.served_model_name, api_key=args.api_key,
                     max_waiting_requests=args.max_waiting_requests, price_per_hour=args.price_per_hour,
                     max_request_body_bytes=args.max_request_body_bytes, chat_template=chat_template,
-                    shutdown_timeout=args.shutdown_timeout)
+                    shutdown_timeout=args.shutdown_timeout,
+                    log_stats=not getattr(args, "disable_log_stats", False))
     state: ServerState = app.state.tokenmill
     uv_config = uvicorn.Config(app, host=args.host, port=args.port, log_level=level, lifespan="on",
+                               log_config=tm_logger.uvicorn_log_config(level),
                                access_log=not getattr(args, "disable_access_log", False),
                                timeout_graceful_shutdown=args.shutdown_timeout + 5.0)
     server = _Server(uv_config, _drain_on_signal(state))

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from tokenmill.engine.async_engine import AsyncLLMEngine
+from tokenmill.metrics.log_stats import LoggingStatLogger
 from tokenmill.metrics.prometheus import PrometheusStatLogger
 from tokenmill.server.chat import OpenAIServingChat
 from tokenmill.server.completions import OpenAIServingCompletion
@@ -26,6 +27,7 @@ class ServerState:
     max_request_body_bytes: int
     chat_template: str | None
     shutdown_timeout: float
+    log_stats: bool = True  # a LoggingStatLogger line every few seconds while busy
     engine: AsyncLLMEngine | None = None
     tokenizer: PromptTokenizer | None = None
     completion: OpenAIServingCompletion | None = None
@@ -45,6 +47,8 @@ class ServerState:
             self.stat_logger = PrometheusStatLogger(names[0], self.price_per_hour)
         if self.stat_logger not in engine.engine.stat_loggers:
             engine.engine.stat_loggers.append(self.stat_logger)
+            if self.log_stats:
+                engine.engine.stat_loggers.append(LoggingStatLogger())
         engine.start()
         # only the name is read here: the engine thread owns the engine's tokenizer object
         self.tokenizer = PromptTokenizer(engine.tokenizer.name_or_path, self.chat_template)

@@ -13,6 +13,8 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
+from tokenmill.engine.tokenizer import load_tokenizer
+
 T = TypeVar("T")
 
 TOKENIZER_THREADS = 2
@@ -37,8 +39,7 @@ class PromptTokenizer:
         """This pool thread's own tokenizer (loaded on its first use)."""
         tok = getattr(self._local, "tokenizer", None)
         if tok is None:
-            from transformers import AutoTokenizer
-            tok = self._local.tokenizer = AutoTokenizer.from_pretrained(self.name_or_path)
+            tok = self._local.tokenizer = load_tokenizer(self.name_or_path)
         return tok
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:

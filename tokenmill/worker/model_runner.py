@@ -17,6 +17,7 @@ from tokenmill.models.loader import build_model
 from tokenmill.models.registry import get_model_class
 from tokenmill.sampling_params import SamplingParams
 from tokenmill.worker.sampler import Sampler
+from tokenmill.worker.threads import ThreadController
 
 logger = logging.getLogger(__name__)
 
@@ -54,7 +55,9 @@ class RunnerRequest:
 class ModelRunner:
     def __init__(self, config: TokenmillConfig) -> None:
         model, cache, device = config.model, config.cache, config.device
-        torch.set_num_threads(device.num_threads)
+        self.threads = ThreadController(device.num_threads, device.adaptive_threads)
+        logger.info("model threads: %d (%s%s)", device.num_threads, device.threads_reason,
+                    "; fewer while other processes keep these cores busy" if device.adaptive_threads else "")
         torch.manual_seed(device.seed)
         self.dtype = TORCH_DTYPES[model.dtype]
         self.block_size = cache.block_size
@@ -68,9 +71,12 @@ class ModelRunner:
         self.kv_bytes_per_token = cache.bytes_per_token
         self.sampler = Sampler(model.arch.vocab_size)
         self.requests: dict[str, RunnerRequest] = {}
-        logger.info("KV cache (%s): %d blocks x %d tokens, %.0f bytes/token (%.2f GiB)", cache.kv_cache_dtype,
-                    cache.num_blocks, cache.block_size, cache.bytes_per_token,
-                    cache.capacity_tokens * cache.bytes_per_token / (1 << 30))
+        logger.info("model %s (%s) from %s: dtype %s, max_model_len %d; attention backend %s, linear %s",
+                    model.served_name, model.arch.architecture, model.path, model.dtype, model.max_model_len,
+                    self.backend.name, type(self.model.lm_head.quant_method).__name__)
+        logger.info("KV cache (%s): %d blocks x %d tokens = %d tokens, %.0f bytes/token, %.2f GiB",
+                    cache.kv_cache_dtype, cache.num_blocks, cache.block_size, cache.capacity_tokens,
+                    cache.bytes_per_token, cache.capacity_tokens * cache.bytes_per_token / (1 << 30))
 
     # -- Executor -------------------------------------------------------------------------------
     @torch.inference_mode()
@@ -78,6 +84,7 @@ class ModelRunner:
         self._update_states(out)
         if out.is_empty:
             return ModelRunnerOutput([], [])
+        self.threads.before_step()
         input_ids, positions, layout, sample_idx, sample_reqs = self._layout(out)
         meta = self.backend.build_metadata(layout)
         hidden = self.model(input_ids, positions, self.kv_caches, self.backend, meta)
