@@ -1,6 +1,7 @@
 """tokenmill.metrics: latencies from request timestamps, the cost window, the Prometheus logger."""
 from __future__ import annotations
 
+import logging
 import math
 
 import pytest
@@ -12,6 +13,7 @@ from tokenmill.core.outputs import IterationStats
 from tokenmill.metrics.prometheus import PrometheusStatLogger
 from tokenmill.metrics.stats import CostWindow, cost_per_million_tokens, request_timings
 from tokenmill.request import FinishReason, Request
+from tokenmill.sampling_params import SamplingParams
 from tokenmill.sampling_params import SamplingParams
 
 
@@ -102,6 +104,53 @@ def test_prometheus_logger_counters_gauges_histograms():
     assert math.isnan(_samples(b)["tokenmill:cost_per_million_output_tokens_usd"])
 
 
-def test_prometheus_logger_never_raises():
-    lg = PrometheusStatLogger("m")
-    lg.record(None, None, [], None, 0)  # garbage in: logged, not raised (the engine loop must survive)
+def test_a_failing_stat_logger_is_logged_and_serving_goes_on(tiny_llm, caplog):
+    """The engine calls every stat logger in a guard: a broken one is logged with its traceback
+    each time it fails, the others still record, and generation is unaffected."""
+    class Broken:
+        def record(self, *args):
+            raise RuntimeError("sink down")
+
+    engine = tiny_llm.llm_engine
+    good = PrometheusStatLogger("m")
+    engine.stat_loggers[:] = [Broken(), good]
+    tm_logger = logging.getLogger("tokenmill")  # does not propagate to the root: attach the capture
+    tm_logger.addHandler(caplog.handler)
+    try:
+        out = tiny_llm.generate([{"prompt_token_ids": [5, 6, 7]}], SamplingParams(max_tokens=3, ignore_eos=True),
+                                use_tqdm=False)
+    finally:
+        engine.stat_loggers.clear()
+        tm_logger.removeHandler(caplog.handler)
+    assert len(out[0].outputs[0].token_ids) == 3
+    failures = [r for r in caplog.records if "stat logger Broken failed" in r.getMessage()]
+    assert failures and all(r.exc_info for r in failures)
+    assert _samples(good)["tokenmill:generation_tokens_total"] == 3
+
+
+def test_periodic_log_line_while_busy_silent_while_idle(caplog):
+    from tokenmill.core.clock import ManualClock
+    from tokenmill.metrics.log_stats import LoggingStatLogger
+    clock = ManualClock()
+    lg = LoggingStatLogger(interval_s=5.0, clock=clock)
+    tm_logger = logging.getLogger("tokenmill")
+    tm_logger.addHandler(caplog.handler)
+    try:
+        busy = SchedulerStats(num_running=3, num_waiting=1, kv_usage=0.25)
+        prefix = PrefixCacheStats(queries=0, hits=0)
+        lg.record(busy, IterationStats.idle(), [], prefix, 0)
+        for _ in range(10):  # 10 steps in 5 s: 100 prompt + 2 generated tokens each
+            clock.advance(0.5)
+            prefix = PrefixCacheStats(queries=prefix.queries + 100, hits=prefix.hits + 40)
+            lg.record(busy, IterationStats(100, 2, 102, 3, 0, 0.0, 0.5, 0.5), [], prefix, 0)
+        lines = [r.getMessage() for r in caplog.records if "Avg prompt throughput" in r.getMessage()]
+        assert lines == ["Avg prompt throughput: 200.0 tokens/s, Avg generation throughput: 4.0 tokens/s, "
+                         "Running: 3 reqs, Waiting: 1 reqs, KV cache usage: 25.0%, Prefix cache hit rate: 40.0%, "
+                         "Preemptions: 0"]
+        idle = SchedulerStats()
+        for _ in range(4):
+            clock.advance(5.0)
+            lg.record(idle, IterationStats.idle(), [], prefix, 0)
+        assert len([r for r in caplog.records if "Avg prompt throughput" in r.getMessage()]) == 1
+    finally:
+        tm_logger.removeHandler(caplog.handler)

@@ -240,7 +240,10 @@ class LLMEngine:
             return
         sched_stats = self.core.scheduler_stats()
         for lg in self.stat_loggers:
-            lg.record(sched_stats, it, finished, self.core.prefix_stats, self.core.num_evictions)
+            try:
+                lg.record(sched_stats, it, finished, self.core.prefix_stats, self.core.num_evictions)
+            except Exception:  # a broken metrics sink must not stop serving; say so every time
+                logger.exception("stat logger %s failed", type(lg).__name__)
 
     def reset_prefix_cache(self) -> bool:
         return self.core.reset_prefix_cache()

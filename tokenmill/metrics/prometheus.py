@@ -112,12 +112,6 @@ class PrometheusStatLogger:
 
     # -- StatLogger ------------------------------------------------------------------------------
     def record(self, sched, it, finished, prefix, evictions) -> None:
-        try:
-            self._record(sched, it, finished, prefix, evictions)
-        except Exception:
-            logger.exception("PrometheusStatLogger.record failed")
-
-    def _record(self, sched, it, finished, prefix, evictions) -> None:
         self.running.set(sched.num_running)
         self.waiting.set(sched.num_waiting)
         self.kv_usage.set(sched.kv_usage)
