@@ -1,6 +1,13 @@
 """tokenmill: an LLM inference engine whose first metric is the cost of a token under a latency SLO."""
+from importlib.metadata import PackageNotFoundError, version
+
 from tokenmill.request import CompletionOutput, RequestOutput
 from tokenmill.sampling_params import SamplingParams
+
+try:
+    __version__ = version("tokenmill")
+except PackageNotFoundError:  # run from a source tree that is not installed
+    __version__ = "0.0.0+unknown"
 
 
 def __getattr__(name: str):
@@ -14,4 +21,4 @@ def __getattr__(name: str):
     raise AttributeError(name)
 
 
-__all__ = ["LLM", "LLMEngine", "SamplingParams", "RequestOutput", "CompletionOutput"]
+__all__ = ["__version__", "LLM", "LLMEngine", "SamplingParams", "RequestOutput", "CompletionOutput"]
