@@ -4,17 +4,21 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from typing import TYPE_CHECKING, NoReturn
 
 from tokenmill import __version__
 from tokenmill.cli_chat import add_chat_parser
 from tokenmill.cli_sampling import GENERATE_DEFAULTS, add_sampling_args, check_sampling_args, resolve_sampling
 from tokenmill.engine.arg_utils import add_engine_args, add_model_args, engine_config, engine_kwargs
 
+if TYPE_CHECKING:
+    from tokenmill.request import CompletionOutput, RequestOutput
+
 
 class _Parser(argparse.ArgumentParser):
     """Flag errors in one line (the full usage of a command runs to dozens of lines)."""
 
-    def error(self, message: str):
+    def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
@@ -41,7 +45,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return print_outputs(outs, params.n)
 
 
-def print_outputs(outs: list, n: int) -> int:
+def print_outputs(outs: list[RequestOutput], n: int) -> int:
     """Each output after a separator line when there are several; returns the exit status."""
     status = 0
     for i, out in enumerate(outs, 1):
@@ -64,7 +68,7 @@ def _separator(prompt: int, prompts: int, sample: int, samples: int) -> str:
     return f"===== {', '.join(parts)} ====="
 
 
-def _print_logprobs(sample) -> None:
+def _print_logprobs(sample: CompletionOutput) -> None:
     print("----- logprobs: token, logprob, [alternatives] -----")
     for token_id, entry in zip(sample.token_ids, sample.logprobs):
         chosen = entry[token_id]

@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-from dataclasses import dataclass
-from dataclasses import field as dc_field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -23,14 +22,14 @@ from tokenmill.sampling_params import SamplingParams
 @dataclass(frozen=True)
 class SamplingFlag:
     flag: str
-    field: str
+    param: str  # the SamplingParams field
     type: type
     help: str
 
     @property
     def dest(self) -> str:
         """The args attribute: the field, except seed (args.seed is the engine's --seed)."""
-        return "sampling_seed" if self.field == "seed" else self.field
+        return "sampling_seed" if self.param == "seed" else self.param
 
 
 SAMPLING_FLAGS: tuple[SamplingFlag, ...] = (
@@ -53,9 +52,9 @@ _MULTI_OUTPUT_FLAGS: tuple[SamplingFlag, ...] = (
     SamplingFlag("--n", "n", int, "outputs per prompt"),
     SamplingFlag("--logprobs", "logprobs", int, "print each token's log probability and this many alternatives; 0..20"),
 )
-FIELD_FLAGS: dict[str, str] = {f.field: f.flag for f in SAMPLING_FLAGS + _MULTI_OUTPUT_FLAGS}
+FIELD_FLAGS: dict[str, str] = {f.param: f.flag for f in SAMPLING_FLAGS + _MULTI_OUTPUT_FLAGS}
 FIELD_FLAGS.update(stop="--stop", ignore_eos="--ignore-eos")
-_FIELD_DESTS: dict[str, str] = {f.field: f.dest for f in SAMPLING_FLAGS + _MULTI_OUTPUT_FLAGS}
+_FIELD_DESTS: dict[str, str] = {f.param: f.dest for f in SAMPLING_FLAGS + _MULTI_OUTPUT_FLAGS}
 _FIELD_DESTS.update(stop="stop", ignore_eos="ignore_eos")
 _PARAMS_DEFAULTS: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(SamplingParams) if f.init}
 
@@ -64,8 +63,8 @@ _PARAMS_DEFAULTS: dict[str, Any] = {f.name: f.default for f in dataclasses.field
 class SamplingDefaults:
     """A command's defaults: `base` always applies; `fallback` only when the model's
     generation_config.json sets no sampling key."""
-    base: dict[str, Any] = dc_field(default_factory=dict)
-    fallback: dict[str, Any] = dc_field(default_factory=dict)
+    base: dict[str, Any] = field(default_factory=dict)
+    fallback: dict[str, Any] = field(default_factory=dict)
     fallback_name: str = "tokenmill defaults"
 
 
@@ -86,7 +85,7 @@ def add_sampling_args(parser: argparse.ArgumentParser, defaults: SamplingDefault
     flags = SAMPLING_FLAGS + (_MULTI_OUTPUT_FLAGS if multi_output else ())
     for f in flags:
         grp.add_argument(f.flag, dest=f.dest, type=f.type, default=None, metavar=f.type.__name__.upper(),
-                         help=f"{f.help} (default: {_default_text(f.field, defaults)})")
+                         help=f"{f.help} (default: {_default_text(f.param, defaults)})")
     grp.add_argument("--stop", dest="stop", action="append", default=None, metavar="TEXT",
                      help="stop when this string is generated (not shown); repeat for several")
     grp.add_argument("--ignore-eos", dest="ignore_eos", action="store_true", default=None,
