@@ -1,7 +1,14 @@
 """tokenmill: an LLM inference engine whose first metric is the cost of a token under a latency SLO."""
+from importlib.metadata import PackageNotFoundError, version
+
 from tokenmill import logger as _logger
 from tokenmill.request import CompletionOutput, RequestOutput
 from tokenmill.sampling_params import SamplingParams
+
+try:
+    __version__ = version("tokenmill")
+except PackageNotFoundError:  # run from a source tree that is not installed
+    __version__ = "0.0.0+unknown"
 
 _logger.configure()
 
@@ -17,4 +24,4 @@ def __getattr__(name: str):
     raise AttributeError(name)
 
 
-__all__ = ["LLM", "LLMEngine", "SamplingParams", "RequestOutput", "CompletionOutput"]
+__all__ = ["__version__", "LLM", "LLMEngine", "SamplingParams", "RequestOutput", "CompletionOutput"]

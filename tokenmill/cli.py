@@ -2,78 +2,101 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+from typing import TYPE_CHECKING, NoReturn
 
-from tokenmill.engine.arg_utils import add_engine_args, engine_kwargs
+from tokenmill import __version__
+from tokenmill.cli_chat import add_chat_parser
+from tokenmill.cli_sampling import GENERATE_DEFAULTS, add_sampling_args, check_sampling_args, resolve_sampling
+from tokenmill.engine.arg_utils import add_engine_args, add_model_args, engine_config, engine_kwargs
 
-
-def add_model_and_engine_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default=None, help="HF model folder or .gguf (default: SmolLM2-135M-Instruct)")
-    add_engine_args(p)
-
-
-def add_sampling_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--max-tokens", type=int, default=128)
-    p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--sampling-seed", type=int, default=None)
+if TYPE_CHECKING:
+    from tokenmill.request import CompletionOutput, RequestOutput
 
 
-def sampling_params(args: argparse.Namespace):
-    from tokenmill import SamplingParams
-    return SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
-                          top_k=args.top_k, seed=args.sampling_seed)
+class _Parser(argparse.ArgumentParser):
+    """Flag errors in one line (the full usage of a command runs to dozens of lines)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def read_prompts(prompts: list[str]) -> list[str]:
+    """The prompts, '-' read from stdin; ValueError for an empty one."""
+    if prompts.count("-") > 1:
+        raise ValueError("'-' (read the prompt from stdin) may be given once")
+    out = [sys.stdin.read().removesuffix("\n") if p == "-" else p for p in prompts]
+    for i, p in enumerate(out, 1):
+        if not p:
+            where = "from stdin " if prompts[i - 1] == "-" else ""
+            raise ValueError(f"prompt {i} {where}is empty")
+    return out
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
+    prompts = read_prompts(args.prompts)
+    config = engine_config(args)  # every flag is checked before the model loads
+    check_sampling_args(args, GENERATE_DEFAULTS)
     from tokenmill import LLM
-    llm = LLM(args.model, **engine_kwargs(args))
-    for out in llm.generate(args.prompts, sampling_params(args)):
+    llm = LLM(config.model, **engine_kwargs(args))
+    params, _ = resolve_sampling(args, GENERATE_DEFAULTS, llm.llm_engine.config.model.path)
+    outs = llm.generate(prompts, params, use_tqdm=len(prompts) > 1 and sys.stderr.isatty())
+    return print_outputs(outs, params.n)
+
+
+def print_outputs(outs: list[RequestOutput], n: int) -> int:
+    """Each output after a separator line when there are several; returns the exit status."""
+    status = 0
+    for i, out in enumerate(outs, 1):
         if out.error:
-            print(f"error: {out.error}", file=sys.stderr)
+            print(f"tokenmill: error: prompt {i}: {out.error}", file=sys.stderr)
+            status = 1
             continue
-        print(f"{out.prompt}{out.outputs[0].text}")
-    return 0
+        for sample in out.outputs:
+            if len(outs) > 1 or n > 1:
+                print(_separator(i, len(outs), sample.index + 1, n))
+            print(f"{out.prompt}{sample.text}")
+            if sample.logprobs is not None:
+                _print_logprobs(sample)
+    return status
 
 
-def cmd_chat(args: argparse.Namespace) -> int:
-    from tokenmill import LLM
-    llm = LLM(args.model, **engine_kwargs(args))
-    messages: list[dict] = []
-    if args.system:
-        messages.append({"role": "system", "content": args.system})
-    print("tokenmill chat: empty line or Ctrl-D to quit")
-    while True:
-        try:
-            user = input("you> ").strip()
-        except (EOFError, KeyboardInterrupt):
-            print()
-            return 0
-        if not user:
-            return 0
-        messages.append({"role": "user", "content": user})
-        reply = llm.chat(messages, sampling_params(args), use_tqdm=False)[0].outputs[0].text
-        print(f"assistant> {reply}")
-        messages.append({"role": "assistant", "content": reply})
+def _separator(prompt: int, prompts: int, sample: int, samples: int) -> str:
+    parts = [f"prompt {prompt}/{prompts}"] if prompts > 1 else []
+    parts += [f"sample {sample}/{samples}"] if samples > 1 else []
+    return f"===== {', '.join(parts)} ====="
+
+
+def _print_logprobs(sample: CompletionOutput) -> None:
+    print("----- logprobs: token, logprob, [alternatives] -----")
+    for token_id, entry in zip(sample.token_ids, sample.logprobs):
+        chosen = entry[token_id]
+        alts = ", ".join(f"{lp.decoded_token!r} {lp.logprob:.3f}" for t, lp in entry.items() if t != token_id)
+        print(f"{chosen.decoded_token!r}\t{chosen.logprob:.4f}" + (f"\t[{alts}]" if alts else ""))
+
+
+MODEL_RULE = ("The model: `serve` and `chat` take it as MODEL or --model; `generate`, whose positionals are "
+              "prompts, as --model only.")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tokenmill", description=__doc__)
+    parser = _Parser(prog="tokenmill", description=__doc__, epilog=MODEL_RULE)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    gen = sub.add_parser("generate", help="generate completions for prompts")
-    gen.add_argument("prompts", nargs="+")
-    add_model_and_engine_args(gen)
-    add_sampling_args(gen)
+    gen = sub.add_parser(
+        "generate", help="generate completions for prompts",
+        description="Complete each prompt. Sampling defaults come from the model folder's "
+                    "generation_config.json when it has one (as vLLM), else greedy; --max-tokens 128.",
+        epilog=MODEL_RULE)
+    gen.add_argument("prompts", nargs="+", metavar="PROMPT", help="prompt text; '-' reads one from stdin")
+    add_model_args(gen, positional=False)
+    add_engine_args(gen)
+    add_sampling_args(gen, GENERATE_DEFAULTS)
     gen.set_defaults(func=cmd_generate)
 
-    chat = sub.add_parser("chat", help="interactive chat with the model's chat template")
-    chat.add_argument("--system", default=None)
-    add_model_and_engine_args(chat)
-    add_sampling_args(chat)
-    chat.set_defaults(func=cmd_chat)
-
+    add_chat_parser(sub)
     _add_serve(sub)
     _add_bench(sub)
     return parser
@@ -86,7 +109,7 @@ def _add_serve(sub) -> None:
         from tokenmill.server.launch import run_server as run
         return run(args)
 
-    serve = sub.add_parser("serve", help="OpenAI-compatible HTTP server")
+    serve = sub.add_parser("serve", help="OpenAI-compatible HTTP server", epilog=MODEL_RULE)
     add_serve_args(serve)
     serve.set_defaults(func=run_server)
 
@@ -105,9 +128,15 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)
-    except ValueError as e:  # configuration errors: one line, no traceback
+    except BrokenPipeError:  # `tokenmill generate ... | head`: the reader left
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    except (ValueError, OSError) as e:  # bad input or files: one line, no traceback
         print(f"tokenmill: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import re
 
 from tokenmill.config import ATTENTION_BACKENDS, DTYPES, KV_CACHE_DTYPES, EngineConfig
 
@@ -27,6 +28,31 @@ def non_negative_float(text: str) -> float:
     if not value >= 0:
         raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
     return value
+
+
+MODEL_HELP = "Hugging Face model folder or .gguf file (default: the embedded SmolLM2-135M-Instruct)"
+
+
+class _ModelAction(argparse.Action):
+    """Stores the model from `MODEL` or `--model`; giving two different ones is an error."""
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        if values is None:  # the optional positional, absent
+            return
+        current = getattr(namespace, self.dest, None)
+        if current is not None and current != values:
+            parser.error(f"the model is given twice ({current!r} and {values!r}); give MODEL or --model once")
+        setattr(namespace, self.dest, values)
+
+
+def add_model_args(parser: argparse.ArgumentParser, positional: bool = True) -> None:
+    """The model, as `vllm serve MODEL`: an optional positional `MODEL` and `--model`, both into
+    args.model. Commands whose positionals are something else (generate: prompts) take `--model` only."""
+    if positional:
+        parser.add_argument("model", nargs="?", default=None, action=_ModelAction, metavar="MODEL",
+                            help=MODEL_HELP + "; same as --model")
+    parser.add_argument("--model", dest="model", default=None, action=_ModelAction,
+                        help=MODEL_HELP if not positional else "the model, instead of the positional MODEL")
 
 
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
@@ -63,3 +89,22 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
 def engine_kwargs(args: argparse.Namespace) -> dict:
     """EngineConfig keyword arguments from parsed flags (model excluded)."""
     return {name: getattr(args, name) for name in ENGINE_FLAGS if hasattr(args, name)}
+
+
+ENGINE_FIELD_FLAGS = {name: "--" + name.replace("_", "-") for name in ENGINE_FLAGS}
+
+
+def name_the_flag(message: str, field_flags: dict[str, str]) -> str:
+    """'max_tokens must be ...' -> '--max-tokens must be ...' (users know flags, not fields)."""
+    m = re.match(r"(\w+) must", message)
+    if m and m.group(1) in field_flags:
+        return field_flags[m.group(1)] + message[len(m.group(1)):]
+    return message
+
+
+def engine_config(args: argparse.Namespace) -> EngineConfig:
+    """EngineConfig from parsed flags, validated before any model loads (ValueError naming the flag)."""
+    try:
+        return EngineConfig(model=args.model, **engine_kwargs(args))
+    except ValueError as e:
+        raise ValueError(name_the_flag(str(e), ENGINE_FIELD_FLAGS)) from None

@@ -5,7 +5,7 @@ import argparse
 from pathlib import Path
 
 from tokenmill.config import EngineConfig
-from tokenmill.engine.arg_utils import add_engine_args, engine_kwargs, non_negative_float, positive_int
+from tokenmill.engine.arg_utils import add_engine_args, add_model_args, engine_kwargs, non_negative_float, positive_int
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8000
@@ -25,8 +25,7 @@ def _port(text: str) -> int:
 
 
 def add_serve_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    parser.add_argument("model", nargs="?", default=None,
-                        help="Hugging Face model folder or .gguf file (default: the embedded SmolLM2-135M-Instruct)")
+    add_model_args(parser)
     srv = parser.add_argument_group("server")
     srv.add_argument("--host", default=DEFAULT_HOST,
                      help="address to bind (default: %(default)s, loopback only; use 0.0.0.0 deliberately, "
