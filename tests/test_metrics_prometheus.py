@@ -8,12 +8,11 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tokenmill.core.kv_cache_manager import PrefixCacheStats
-from tokenmill.core.scheduler import SchedulerStats
 from tokenmill.core.outputs import IterationStats
+from tokenmill.core.scheduler import SchedulerStats
 from tokenmill.metrics.prometheus import PrometheusStatLogger
 from tokenmill.metrics.stats import CostWindow, cost_per_million_tokens, request_timings
 from tokenmill.request import FinishReason, Request
-from tokenmill.sampling_params import SamplingParams
 from tokenmill.sampling_params import SamplingParams
 
 
