@@ -10,13 +10,16 @@ from tokenmill.bench.fmt import md_table, rate_label
 from tokenmill.bench.report import LATENCIES
 from tokenmill.bench.workloads import BenchError
 
-COMPARE_KEYS = (
-    "completed", "failed", "duration_s", "request_throughput", "output_throughput",
-    "total_token_throughput", "goodput.requests_per_s", "goodput.attainment_pct",
-    "cost.per_million_output_tokens", "cost.per_request",
-    *(f"{k}.{s}" for k, _ in LATENCIES for s in ("mean", "p50", "p90", "p99")),
-    "server.mean_queue_time_ms", "server.prefix_cache_hit_rate", "server.preemptions",
-)
+# summary key -> unit
+COMPARE_KEYS: dict[str, str] = {
+    "completed": "req", "failed": "req", "duration_s": "s", "request_throughput": "req/s",
+    "output_throughput": "tok/s", "total_token_throughput": "tok/s", "goodput.requests_per_s": "req/s",
+    "goodput.attainment_pct": "%", "cost.per_million_output_tokens": "$/1M output tok",
+    "cost.per_million_total_tokens": "$/1M total tok", "cost.per_request": "$",
+    **{f"{k}.{s}": "ms" for k, _ in LATENCIES for s in ("mean", "p50", "p90", "p99")},
+    "server.mean_queue_time_ms": "ms", "server.prefix_cache_hit_rate": "fraction",
+    "server.preemptions": "req",
+}
 
 
 def lookup(summary: dict[str, Any], dotted: str) -> Any:
@@ -51,13 +54,13 @@ def _float(v: Any) -> float | None:
 
 def compare_table(a: dict[str, Any], b: dict[str, Any]) -> str:
     rows = []
-    for key in COMPARE_KEYS:
+    for key, unit in COMPARE_KEYS.items():
         va, vb = lookup(a, key), lookup(b, key)
         if va is None and vb is None:
             continue
         ratio = vb / va if isinstance(va, (int, float)) and isinstance(vb, (int, float)) and va else None
-        rows.append([key, va, vb, None if ratio is None else f"{ratio:.3f}"])
-    return md_table(["Metric", "A", "B", "B/A"], rows)
+        rows.append([key, unit, va, vb, None if ratio is None else f"{ratio:.3f}"])
+    return md_table(["Metric", "Unit", "A", "B", "B/A"], rows)
 
 
 def compare_runs(path_a: str, path_b: str) -> str:

@@ -13,8 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from tokenmill.bench.client import EndpointConfig
-from tokenmill.bench.metrics import SLO
+from tokenmill.bench.price import PriceChoice
 from tokenmill.bench.serve_args import extra_body, parse_rates, validate, workload_opts
+from tokenmill.bench.slos import SLOChoice, choose_slo
 from tokenmill.bench.workloads import WORKLOADS, BenchRequest, PromptBuilder, load_tokenizer, make_workload
 
 
@@ -26,8 +27,8 @@ class Plan:
     burstiness: float
     max_concurrency: int | None
     seed: int
-    slo: SLO
-    price_per_hour: float | None
+    slo: SLOChoice
+    price: PriceChoice | None  # None: read from the server before the first run (`set_price`)
     out: Path
     progress: bool
     meta: dict[str, Any] = field(default_factory=dict)
@@ -36,6 +37,28 @@ class Plan:
 
     def requests_for(self, index: int) -> list[BenchRequest]:
         return self.requests if index == 0 or self.variant is None else self.variant(index)
+
+    def set_price(self, price: PriceChoice) -> None:
+        self.price = price
+        self.meta.update(price_per_hour=price.per_hour, price_source=price.source)
+        if price.per_hour is None:
+            self.meta["cost_note"] = price.note
+
+    def describe(self) -> str:
+        """What is about to be measured, and against which SLOs and price (defaults marked)."""
+        endpoint = self.cfg.url.removeprefix(self.cfg.base_url.rstrip("/"))
+        if self.meta.get("endpoint_source") == "default":
+            endpoint += f" (default for --workload {self.meta['workload']})"
+        price = self.price.describe() if self.price else "-"
+        return "\n".join([
+            f"model: {self.cfg.model} at {self.cfg.base_url}{endpoint}",
+            f"SLOs: {self.slo.describe()}",
+            f"price: {price}",
+        ])
+
+
+def default_endpoint(workload: str) -> str:
+    return "chat" if workload == "chat" else "completions"
 
 
 def command_line() -> str:
@@ -56,29 +79,43 @@ def make_plan(args: argparse.Namespace) -> Plan:
     def variant(index: int) -> list[BenchRequest]:
         return make_workload(args.workload, args.num_requests, args.seed, builder, opts, variant=index)
 
-    cfg = EndpointConfig(args.base_url, args.model or "", args.endpoint, args.ignore_eos,
+    endpoint = args.endpoint or default_endpoint(args.workload)
+    cfg = EndpointConfig(args.base_url, args.model or "", endpoint, args.ignore_eos,
                          args.api_key, extra_body(args.extra_body), args.timeout)
     out = Path(args.out or Path("out") / "bench" / datetime.now().strftime("%Y%m%d-%H%M%S"))
-    slo = SLO(args.slo_ttft_ms, args.slo_tpot_ms, args.slo_e2e_ms)
+    slo = choose_slo(args.workload, {"ttft_ms": args.slo_ttft_ms, "tpot_ms": args.slo_tpot_ms,
+                                     "e2e_ms": args.slo_e2e_ms})
+    price = None if args.price_per_hour is None else PriceChoice(args.price_per_hour, "flag")
     plan = Plan(cfg, requests, rates, args.burstiness, args.max_concurrency, args.seed, slo,
-                args.price_per_hour, out, not args.disable_tqdm, variant=variant)
-    plan.meta = {
+                price, out, not args.disable_tqdm, variant=variant)
+    plan.meta = plan_meta(args, opts, len(requests), len(rates) > 1, slo)
+    if price is not None:
+        plan.set_price(price)
+    return plan
+
+
+def plan_meta(args: argparse.Namespace, opts: dict[str, str], num_requests: int, sweep: bool,
+              slo: SLOChoice) -> dict[str, Any]:
+    return {
         "command": command_line(),
         "date": datetime.now().astimezone().isoformat(timespec="seconds"),
         "host": platform.node(),
         "base_url": args.base_url,
-        "endpoint": args.endpoint,
+        "endpoint": args.endpoint or default_endpoint(args.workload),
+        "endpoint_source": "flag" if args.endpoint else "default",
         "workload": args.workload,
         "workload_opts": opts,
-        "num_requests": len(requests),
-        "prompts": "new text for each rate of the sweep, same lengths" if len(rates) > 1 else None,
+        "num_requests": num_requests,
+        "prompts": "new text for each rate of the sweep, same lengths" if sweep else None,
         "burstiness": args.burstiness,
         "max_concurrency": args.max_concurrency,
         "seed": args.seed,
         "ignore_eos": args.ignore_eos,
         "tokenizer": args.tokenizer,
-        "slo": {k: v for k, v in vars(slo).items() if v is not None},
-        "price_per_hour": args.price_per_hour,
+        "slo": slo.slo.values(),
+        "slo_source": dict(slo.sources),
+        "slo_defaults_for": slo.workload,
+        "price_per_hour": None,
+        "price_source": None,
         "args": {k: v for k, v in vars(args).items() if not callable(v) and k != "api_key"},
     }
-    return plan

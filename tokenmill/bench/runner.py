@@ -15,6 +15,7 @@ import numpy as np
 from tokenmill.bench.client import INTERRUPTED, RequestResult, fetch_metrics, list_models, stream_request
 from tokenmill.bench.metrics import QUEUE_COUNT, parse_prometheus, server_delta, summarize
 from tokenmill.bench.plan import Plan
+from tokenmill.bench.price import PriceChoice, choose_price
 from tokenmill.bench.fmt import rate_label
 from tokenmill.bench.report import sweep_markdown, write_run, write_sweep
 from tokenmill.bench.workloads import BenchError, BenchRequest, arrival_offsets, trace_offsets
@@ -109,9 +110,13 @@ async def scrape_after(client: httpx.AsyncClient, base_url: str, before: dict[st
         await asyncio.sleep(0.1)
 
 
-async def resolve_model(plan: Plan) -> None:
+async def probe_server(plan: Plan) -> None:
+    """The model to send (unless --model) and the price (unless --price-per-hour), from the server."""
     async with httpx.AsyncClient() as client:
         models = await list_models(client, plan.cfg.base_url, plan.cfg.headers)
+        if plan.price is None:
+            metrics = await fetch_metrics(client, plan.cfg.base_url)
+            plan.set_price(choose_price(None, metrics, plan.cfg.base_url))
     if not plan.cfg.model:
         if not models:
             raise BenchError(f"no --model given and {plan.cfg.base_url}/v1/models lists none")
@@ -129,8 +134,11 @@ def run_one(plan: Plan, rate: float | None, index: int = 0) -> tuple[RunState, d
         asyncio.run(run_rate(plan, requests, rate, state))
     except KeyboardInterrupt:
         interrupted = True
-    summary = summarize(state.results, state.duration_s, len(requests), plan.slo,
-                        plan.price_per_hour, state.server)
+    price = plan.price or PriceChoice(None, "none")
+    summary = summarize(state.results, state.duration_s, len(requests), plan.slo.slo,
+                        price.per_hour, state.server)
+    plan.slo.annotate(summary)
+    price.annotate(summary)
     return state, summary, interrupted
 
 
@@ -150,7 +158,8 @@ def run_meta(plan: Plan, rate: float | None, interrupted: bool) -> dict[str, Any
 
 
 def execute(plan: Plan) -> int:
-    asyncio.run(resolve_model(plan))
+    asyncio.run(probe_server(plan))
+    print(plan.describe(), flush=True)
     rows: list[tuple[float | None, dict[str, Any]]] = []
     by_rate: dict[str, list[RequestResult]] = {}
     sweep = len(plan.rates) > 1

@@ -15,8 +15,9 @@ from tokenmill.bench.workloads import WORKLOADS, BenchError
 def add_serve_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--base-url", default="http://127.0.0.1:8000", help="server root (default: %(default)s)")
     p.add_argument("--model", help="model name to send (default: the first id from /v1/models)")
-    p.add_argument("--endpoint", choices=("completions", "chat"), default="completions",
-                   help="/v1/completions or /v1/chat/completions (default: %(default)s)")
+    p.add_argument("--endpoint", choices=("completions", "chat"),
+                   help="/v1/completions or /v1/chat/completions (default: chat for --workload chat, "
+                   "else completions)")
     p.add_argument("--workload", default="random",
                    help=f"one of {', '.join(WORKLOADS)}, or a JSONL trace file with timestamp, "
                    "input_len or text, output_len per line (default: %(default)s)")
@@ -37,10 +38,14 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    help="coefficient of variation of inter-arrival times: 1 = Poisson, gamma otherwise "
                    "(default: %(default)s)")
     p.add_argument("--max-concurrency", type=int, help="cap on requests in flight")
-    p.add_argument("--slo-ttft-ms", type=float, help="TTFT SLO for goodput")
-    p.add_argument("--slo-tpot-ms", type=float, help="TPOT SLO for goodput")
-    p.add_argument("--slo-e2e-ms", type=float, help="end-to-end latency SLO for goodput")
-    p.add_argument("--price-per-hour", type=float, help="price of the serving machine per hour, for cost")
+    p.add_argument("--slo-ttft-ms", metavar="MS",
+                   help="TTFT SLO for goodput, or 'off' (default: the workload's, see tokenmill/bench/slos.py)")
+    p.add_argument("--slo-tpot-ms", metavar="MS", help="TPOT SLO for goodput, or 'off' (default: the workload's)")
+    p.add_argument("--slo-e2e-ms", metavar="MS",
+                   help="end-to-end latency SLO for goodput, or 'off' (default: none)")
+    p.add_argument("--price-per-hour", type=float,
+                   help="price of the serving machine per hour (USD), for cost (default: the server's "
+                   "tokenmill:price_per_hour_usd from /metrics; without it, no cost)")
     p.add_argument("--no-ignore-eos", dest="ignore_eos", action="store_false",
                    help="do not send ignore_eos (for servers that reject unknown fields)")
     p.add_argument("--extra-body", metavar="JSON", help="extra JSON fields merged into every request")
@@ -87,8 +92,7 @@ def validate(args: argparse.Namespace) -> None:
     if args.max_concurrency is not None and args.max_concurrency <= 0:
         raise BenchError(f"--max-concurrency must be > 0, got {args.max_concurrency}")
     _positive("--burstiness", args.burstiness, allow_zero=True)
-    for name in ("slo_ttft_ms", "slo_tpot_ms", "slo_e2e_ms", "timeout"):
-        _positive("--" + name.replace("_", "-"), getattr(args, name))
+    _positive("--timeout", args.timeout)
     _positive("--price-per-hour", args.price_per_hour, allow_zero=True)
 
 
