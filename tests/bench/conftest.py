@@ -3,7 +3,8 @@
 It streams ceil(max_tokens / 2) text chunks (two "tokens" each) after a 20 ms "prefill", 5 ms
 apart, then a usage chunk reporting exactly max_tokens completion tokens. It fails the requests
 whose arrival numbers are in `fail_on` with HTTP 500, and exports tokenmill Prometheus metrics
-(10 ms queue time per request, prefix-cache hits = half the queried prompt tokens).
+(10 ms queue time per request, prefix-cache hits = half the queried prompt tokens) but no
+`tokenmill:price_per_hour_usd`, so it stands for a server whose price the harness cannot know.
 """
 
 from __future__ import annotations
@@ -34,10 +35,12 @@ class FakeState:
     fail_on: set[int] = field(default_factory=set)
     count: int = 0
     bodies: list[dict[str, Any]] = field(default_factory=list)
+    paths: list[str] = field(default_factory=list)  # of the POSTs, in arrival order
     chunk_gap_s: float = CHUNK_GAP_S
 
     def reset(self) -> None:
-        self.fail_on, self.count, self.bodies, self.chunk_gap_s = set(), 0, [], CHUNK_GAP_S
+        self.fail_on, self.count, self.bodies, self.paths = set(), 0, [], []
+        self.chunk_gap_s = CHUNK_GAP_S
 
 
 def _sse(obj: Any) -> str:
@@ -86,6 +89,7 @@ def make_app(state: FakeState) -> FastAPI:
         body = await request.json()
         state.count += 1
         state.bodies.append(body)
+        state.paths.append(request.url.path)
         if state.count in state.fail_on:
             return JSONResponse({"error": {"message": "injected failure"}}, status_code=500)
         n_prompt = len((body["messages"][-1]["content"] if chat else body["prompt"]).split())

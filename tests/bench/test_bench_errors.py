@@ -45,6 +45,7 @@ def test_malformed_trace(capsys: Any, tmp_path: Path) -> None:
     (["--sweep", "1,x"], "--sweep must be comma-separated rates"),
     (["--sweep", "1,-2"], "--sweep rate must be > 0"),
     (["--slo-ttft-ms", "0"], "--slo-ttft-ms must be > 0"),
+    (["--slo-e2e-ms", "fast"], "--slo-e2e-ms must be milliseconds or 'off'"),
     (["--price-per-hour", "-3"], "--price-per-hour must be >= 0"),
     (["--base-url", "localhost:8000"], "--base-url must start with http://"),
     (["--workload", "nope"], "unknown workload 'nope'"),

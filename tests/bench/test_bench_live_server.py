@@ -1,8 +1,9 @@
 """End-to-end: `bench serve` against our real server (`python -m tokenmill.server`, tiny model).
 
-One server process for the module, started with the e2e helpers (tests/e2e/e2e_helpers.py). The
-harness runs in-process; the server's own /metrics are scraped by the test too, to check that
-the harness's server deltas and token counts agree with what the engine counted.
+One server process for the module, started with the e2e helpers (tests/e2e/e2e_helpers.py) and
+`--price-per-hour 2.5`. The harness runs in-process; the server's own /metrics are scraped by the
+test too, to check that the harness's server deltas and token counts agree with what the engine
+counted.
 """
 
 from __future__ import annotations
@@ -21,12 +22,15 @@ from e2e_helpers import TINY_CHAT_TEMPLATE, TINY_ENGINE_ARGS, ServerProcess
 
 from tokenmill.bench.metrics import parse_prometheus
 from tokenmill.bench.serve import main
+from tokenmill.bench.slos import DEFAULT_SLOS
+
+SERVER_PRICE = 2.5
 
 
 @pytest.fixture(scope="module")
 def live_server(tiny_llama: Path, tmp_path_factory: Any) -> Any:
     args = [str(tiny_llama), *TINY_ENGINE_ARGS, "--chat-template", TINY_CHAT_TEMPLATE,
-            "--served-model-name", "tiny"]
+            "--served-model-name", "tiny", "--price-per-hour", str(SERVER_PRICE)]
     srv = ServerProcess(args, "bench_live", tmp_path_factory.mktemp("bench_live_logs")).start()
     try:
         yield srv.wait_ready()
@@ -54,7 +58,8 @@ def test_sweep_against_live_server(live_server: Any, tiny_llama: Path, tmp_path:
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", png
     report = (out / "report.md").read_text()
     assert "Server mean queue time" in report and "Server prefix-cache hit rate" in report
-    assert "| SLO attained (%) | Cost / 1M output tokens |" in report  # sweep table columns
+    assert "| SLO attained (%) | Cost ($/1M output tok) | Cost ($/1M total tok) |" in report  # sweep table
+    assert (out / "sweep_cost.png").is_file()
 
     runs = json.loads((out / "sweep.json").read_text())["runs"]
     assert [r["request_rate"] for r in runs] == [4.0, "inf"]
@@ -74,6 +79,8 @@ def test_sweep_against_live_server(live_server: Any, tiny_llama: Path, tmp_path:
         assert s["goodput"]["good_requests"] == 12 and s["goodput"]["attainment_pct"] == 100.0
         assert s["cost"]["per_million_output_tokens"] == pytest.approx(
             s["duration_s"] / 3600 / s["total_output_tokens"] * 1e6)
+        assert s["cost"]["price_source"] == "flag"  # --price-per-hour 1.0 wins over the server's 2.5
+        assert s["goodput"]["slo_source"] == {"ttft_ms": "flag", "tpot_ms": "flag"}
         # the /metrics scrape: our server's series, as deltas over this rate's run only
         srv = s["server"]
         assert srv is not None, "no tokenmill:* series scraped from /metrics"
@@ -91,18 +98,35 @@ def test_sweep_against_live_server(live_server: Any, tiny_llama: Path, tmp_path:
     assert after[gen] - before.get(gen, 0) == sum(r["output_tokens"] for r in all_requests)
 
 
-def test_chat_endpoint_against_live_server(live_server: Any, tiny_llama: Path, tmp_path: Path) -> None:
-    """The chat endpoint's role-only first chunk must not count as the first token."""
+def test_chat_workload_against_live_server(live_server: Any, tiny_llama: Path, tmp_path: Path,
+                                           capsys: Any) -> None:
+    """`--workload chat` goes to the chat endpoint by default, whose role-only first chunk must not
+    count as the first token; with no --price-per-hour and no SLO flags, the server's price and the
+    workload's default SLOs apply, and say so."""
     out = tmp_path / "chat"
     rc = main(["serve", "--base-url", live_server.url, "--out", str(out), "--disable-tqdm",
-               "--endpoint", "chat", "--workload", "chat", "--input-len", "12", "--output-len", "6",
+               "--workload", "chat", "--input-len", "12", "--output-len", "6",
                "--num-requests", "4", "--request-rate", "inf", "--max-concurrency", "2",
                "--tokenizer", str(tiny_llama)])
     assert rc == 0
     data = json.loads((out / "results.json").read_text())
-    s = data["summary"]
+    s, meta = data["summary"], data["meta"]
     assert (s["completed"], s["failed"]) == (4, 0), s["errors"]
+    assert (meta["endpoint"], meta["endpoint_source"]) == ("chat", "default")
     for r in data["requests"]:
         assert r["output_tokens"] == r["max_tokens"]
-        assert r["prompt_tokens"] > r["input_len"]  # the chat template adds tokens
+        assert r["prompt_tokens"] > r["input_len"]  # the chat template adds tokens: the chat endpoint
     assert s["server"]["queued_requests"] == 4
+
+    # the price from the server's /metrics
+    assert (meta["price_per_hour"], meta["price_source"]) == (SERVER_PRICE, "server")
+    assert s["cost"]["price_per_hour"] == SERVER_PRICE and s["cost"]["price_source"] == "server"
+    assert s["cost"]["per_million_output_tokens"] == pytest.approx(
+        s["duration_s"] / 3600 * SERVER_PRICE / s["total_output_tokens"] * 1e6)
+    server_said = "$2.5/h from the server's tokenmill:price_per_hour_usd"
+    assert f"price: {server_said}" in capsys.readouterr().out
+    assert f"| Price | {server_said} |" in (out / "report.md").read_text()
+    # the chat workload's default SLOs, marked as defaults
+    assert meta["slo"] == DEFAULT_SLOS["chat"].values()
+    assert s["goodput"]["slo_source"] == {"ttft_ms": "default", "tpot_ms": "default"}
+    assert "(default for chat)" in (out / "report.md").read_text()

@@ -68,8 +68,10 @@ def test_slo_and_goodput() -> None:
 
 
 def test_cost() -> None:
-    c = cost(duration_s=1800, price_per_hour=4.0, output_tokens=500_000, completed=100)
-    assert c == {"price_per_hour": 4.0, "total": 2.0, "per_million_output_tokens": 4.0, "per_request": 0.02}
+    c = cost(duration_s=1800, price_per_hour=4.0, output_tokens=500_000, completed=100, total_tokens=2_000_000)
+    assert c == {"price_per_hour": 4.0, "total": 2.0, "per_million_output_tokens": 4.0,
+                 "per_million_total_tokens": 1.0, "per_request": 0.02}
+    assert cost(1800, 4.0, 500_000, 100)["per_million_total_tokens"] is None
     assert cost(10, None, 1, 1) is None
     assert cost(10, 1.0, 0, 0)["per_request"] is None
 
@@ -98,6 +100,7 @@ def test_summary() -> None:
     assert s["goodput"]["attainment_pct"] == 25.0  # interrupted request left out
     assert s["cost"]["total"] == pytest.approx(0.02)
     assert s["cost"]["per_million_output_tokens"] == pytest.approx(0.02 / 15 * 1e6)
+    assert s["cost"]["per_million_total_tokens"] == pytest.approx(0.02 / 65 * 1e6)
 
 
 EXPOSITION = """\

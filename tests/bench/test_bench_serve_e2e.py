@@ -94,7 +94,7 @@ def test_sweep_chat_and_compare(fake_server: FakeServer, tmp_path: Path, capsys:
     capsys.readouterr()
     assert main(["compare", str(out), str(out / "rate_50")]) == 0  # sweep vs single: rate 50 pairs up
     text = capsys.readouterr().out
-    assert "| Metric | A | B | B/A |" in text and "1.000" in text
+    assert "| Metric | Unit | A | B | B/A |" in text and "1.000" in text
     assert main(["compare", str(out), str(out)]) == 0
     assert "## rate inf" in capsys.readouterr().out
 

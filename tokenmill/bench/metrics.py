@@ -23,7 +23,8 @@ Over the run (``duration`` = first send to last completion, wall clock):
   **SLO attainment** = those requests / all requests sent, in percent (failures count as misses,
   requests cut off by Ctrl-C are left out);
 - **cost** = duration in hours x price per hour; per million output tokens = cost / output tokens
-  x 1e6; per request = cost / completed requests.
+  x 1e6; per million total tokens = cost / (prompt + output tokens) x 1e6; per request = cost /
+  completed requests.
 
 Token counts are the server's ``usage`` numbers (prompt tokens fall back to the workload's
 expected length when the server gives none).
@@ -65,6 +66,10 @@ class SLO:
     ttft_ms: float | None = None
     tpot_ms: float | None = None
     e2e_ms: float | None = None
+
+    def values(self) -> dict[str, float]:
+        """The SLOs in force, by field name."""
+        return {k: v for k, v in vars(self).items() if v is not None}
 
     @property
     def active(self) -> bool:
@@ -109,14 +114,16 @@ def goodput(results: Sequence[RequestResult], slo: SLO, duration_s: float) -> di
     counted = [r for r in results if r.error != INTERRUPTED]
     good = sum(meets_slo(r, slo) for r in counted)
     return {
-        "slo": {k: v for k, v in vars(slo).items() if v is not None},
+        "slo": slo.values(),
         "good_requests": good,
         "requests_per_s": good / duration_s if duration_s > 0 else 0.0,
         "attainment_pct": 100.0 * good / len(counted) if counted else 0.0,
     }
 
 
-def cost(duration_s: float, price_per_hour: float | None, output_tokens: int, completed: int) -> dict[str, Any] | None:
+def cost(duration_s: float, price_per_hour: float | None, output_tokens: int, completed: int,
+         total_tokens: int = 0) -> dict[str, Any] | None:
+    """Wall-clock cost of the run, in the price's currency (USD for tokenmill's)."""
     if price_per_hour is None:
         return None
     total = duration_s / 3600.0 * price_per_hour
@@ -124,6 +131,7 @@ def cost(duration_s: float, price_per_hour: float | None, output_tokens: int, co
         "price_per_hour": price_per_hour,
         "total": total,
         "per_million_output_tokens": total / output_tokens * 1e6 if output_tokens else None,
+        "per_million_total_tokens": total / total_tokens * 1e6 if total_tokens else None,
         "per_request": total / completed if completed else None,
     }
 
@@ -208,6 +216,6 @@ def summarize(
         "itl_ms": latency_stats([g for r in ok for g in r.itl_s]),
         "e2e_ms": latency_stats([r.e2e_s for r in ok if r.e2e_s is not None]),
         "goodput": goodput(results, slo, duration_s),
-        "cost": cost(duration_s, price_per_hour, out_tokens, len(ok)),
+        "cost": cost(duration_s, price_per_hour, out_tokens, len(ok), in_tokens + out_tokens),
         "server": server,
     }

@@ -15,6 +15,8 @@ Synthetic workloads (name -> parameters dataclass, every field overridable with
   (a system prompt or document) followed by a unique ``suffix_len``-token question.
 - ``reasoning``: short prompts, long outputs.
 
+Each workload's default SLOs (for goodput) are in `tokenmill.bench.slos.DEFAULT_SLOS`.
+
 Any other workload name is read as a JSONL trace file: one object per line with ``timestamp``
 (seconds), ``input_len`` or ``text``, and ``output_len``.
 
@@ -255,6 +257,7 @@ def reasoning_requests(
 
 Generator = Callable[[Any, int, np.random.Generator, PromptBuilder], list[BenchRequest]]
 
+# a new workload also needs its default SLOs in tokenmill.bench.slos.DEFAULT_SLOS
 WORKLOADS: dict[str, tuple[type, Generator]] = {
     "random": (RandomParams, random_requests),
     "chat": (ChatParams, chat_requests),
