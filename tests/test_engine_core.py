@@ -26,7 +26,7 @@ def _req(rid, n_prompt=10, max_tokens=5, eos=None, arrival=0.0, **params) -> Req
 
 
 def test_core_imports_neither_torch_nor_numpy():
-    code = ("import sys, tokenmill.core.engine_core, tokenmill.core.dry_run, tokenmill.core.clock; "
+    code = ("import sys, tokenmill.core.engine_core, tokenmill.core.dry_run, tokenmill.core.clock, tokenmill.config; "
             "bad = [m for m in ('torch', 'numpy') if m in sys.modules]; assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True)
 
