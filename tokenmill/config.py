@@ -9,6 +9,7 @@ records from a performance profile.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 
@@ -39,6 +40,7 @@ class EngineConfig:
     seed: int = 0
     num_threads: int | None = None  # None: the cores this process may use
     served_model_name: str | None = None
+    speculative_config: dict | None = None  # vLLM's fields: {"method": "ngram", "num_speculative_tokens": 4, ...}
 
     def __post_init__(self) -> None:
         _choice("dtype", self.dtype, DTYPES)
@@ -54,6 +56,8 @@ class EngineConfig:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
         if self.long_prefill_token_threshold < 0:
             raise ValueError(f"long_prefill_token_threshold must be >= 0, got {self.long_prefill_token_threshold}")
+        if self.speculative_config is not None:
+            SpeculativeConfig.from_dict(self.speculative_config)  # validates, names the bad field
         if self.model is not None and not os.path.exists(self.model):
             raise ValueError(f"model path does not exist: {self.model!r} (give a Hugging Face model folder "
                              "or a .gguf file; no model hub is contacted)")
@@ -95,12 +99,50 @@ class DeviceConfig:
     seed: int
 
 
+SPEC_METHODS = ("ngram",)
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    """Speculative decoding (vLLM's field names). `ngram` (prompt lookup): propose the tokens that
+    followed the latest earlier occurrence of the request's last n tokens, n from
+    prompt_lookup_max down to prompt_lookup_min. Speculation pauses while more than
+    `disable_by_batch_size` requests decode at once (the step is compute-bound there, and verifying
+    drafts costs more than it saves)."""
+    method: str = "ngram"
+    num_speculative_tokens: int = 4
+    prompt_lookup_min: int = 2
+    prompt_lookup_max: int = 5
+    disable_by_batch_size: int = 8
+
+    def __post_init__(self) -> None:
+        _choice("speculative_config.method", self.method, SPEC_METHODS)
+        for name in ("num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max", "disable_by_batch_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"speculative_config.{name} must be an integer >= 1, got {value!r}")
+        if self.prompt_lookup_min > self.prompt_lookup_max:
+            raise ValueError(f"speculative_config.prompt_lookup_min ({self.prompt_lookup_min}) must be <= "
+                             f"prompt_lookup_max ({self.prompt_lookup_max})")
+
+    @classmethod
+    def from_dict(cls, d: dict) -> SpeculativeConfig:
+        if not isinstance(d, dict):
+            raise ValueError(f"speculative_config must be a dict (JSON object), got {type(d).__name__}")
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ValueError(f"speculative_config has unknown fields {unknown}; allowed: {', '.join(sorted(known))}")
+        return cls(**d)
+
+
 @dataclass(frozen=True)
 class TokenmillConfig:
     model: ModelSpec
     cache: CacheConfig
     scheduler: SchedulerConfig
     device: DeviceConfig
+    speculative: SpeculativeConfig | None = None
 
 
 def _choice(name: str, value: str, allowed: tuple[str, ...]) -> None:

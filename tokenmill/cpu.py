@@ -102,6 +102,7 @@ def busy_jiffies(cores: set[int]) -> int:
 
 
 def self_jiffies() -> int:
-    """CPU time of this process (all threads), in clock ticks."""
+    """CPU time of this process (all threads) and of its finished children (e.g. the compiler that
+    built our kernels), in clock ticks."""
     t = os.times()
-    return round((t.user + t.system) * os.sysconf("SC_CLK_TCK"))
+    return round((t.user + t.system + t.children_user + t.children_system) * os.sysconf("SC_CLK_TCK"))

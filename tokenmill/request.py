@@ -34,6 +34,30 @@ class RequestEvents:
     num_preemptions: int = 0
 
 
+@dataclass
+class SpecDecodingStats:
+    """Speculative decoding of one request: verification steps, drafted and accepted tokens, and
+    how often the draft at each position was accepted."""
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    accepted_per_position: list[int] = field(default_factory=list)
+
+    def observe(self, num_drafted: int, num_accepted: int) -> None:
+        self.num_drafts += 1
+        self.num_draft_tokens += num_drafted
+        self.num_accepted_tokens += num_accepted
+        if len(self.accepted_per_position) < num_drafted:
+            self.accepted_per_position += [0] * (num_drafted - len(self.accepted_per_position))
+        for i in range(num_accepted):
+            self.accepted_per_position[i] += 1
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """Tokens emitted per verification step (accepted drafts + the one sampled after them)."""
+        return (self.num_accepted_tokens + self.num_drafts) / self.num_drafts if self.num_drafts else 0.0
+
+
 class Request:
     """One sequence. Everything about its phase follows from three counters:
     tokens known (prompt + output), tokens whose KV is computed, tokens reused from cache."""
@@ -54,6 +78,8 @@ class Request:
         self.stop_reason: str | int | None = None
         self.events = RequestEvents(arrival=arrival_time if arrival_time is not None else time.monotonic())
         self.block_hashes: list[bytes] = []  # hash of each full block, chained (filled lazily)
+        self.spec_token_ids: list[int] = []  # draft tokens to verify in the next step
+        self.spec_stats = SpecDecodingStats()
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -117,6 +143,7 @@ class RequestMetrics:
     last_token_time: float | None
     finished_time: float | None
     num_preemptions: int = 0
+    spec_decoding: SpecDecodingStats | None = None  # with speculative decoding on
 
 
 @dataclass

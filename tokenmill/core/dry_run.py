@@ -29,7 +29,8 @@ class DryRunExecutor:
         computed.update({n.request_id: n.num_computed_tokens for n in out.new_requests})
         sampled = []
         for rid, n in out.num_scheduled_tokens.items():
-            if computed[rid] + n == self.num_tokens[rid]:
+            # drafts (speculative tokens) follow the known ones; a dry run rejects them all
+            if computed[rid] + n - len(out.spec_token_ids.get(rid, ())) == self.num_tokens[rid]:
                 self.num_tokens[rid] += 1
                 sampled.append(rid)
         if self.clock is not None and self.step_cost is not None:

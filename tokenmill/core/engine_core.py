@@ -71,13 +71,30 @@ class EngineCore:
         t1 = self.clock()
         result = self.executor.execute(sched)
         t2 = self.clock()
-        self.scheduler.update_after_step(sched)
+        num_rejected = self._verify_drafts(sched, result)
+        self.scheduler.update_after_step(sched, num_rejected)
         outputs, finished = self._append_sampled(result, t2)
+        drafted = sum(len(d) for d in sched.spec_token_ids.values())
         it = IterationStats(num_prompt_tokens=num_prompt, num_generation_tokens=sum(len(o.new_token_ids) for o in outputs),
                             num_batched_tokens=sched.total_num_scheduled_tokens,
                             num_seqs=len(sched.num_scheduled_tokens), num_preempted=len(sched.preempted_request_ids),
-                            schedule_time=t1 - t0, forward_time=t2 - t1, step_time=self.clock() - t0)
+                            schedule_time=t1 - t0, forward_time=t2 - t1, step_time=self.clock() - t0,
+                            num_draft_tokens=drafted, num_accepted_tokens=drafted - sum(num_rejected.values()))
         return EngineCoreOutputs(outputs, finished, it)
+
+    def _verify_drafts(self, sched: SchedulerOutput, result: ModelRunnerOutput) -> dict[str, int]:
+        """How many of each request's draft tokens the executor rejected (it returns the accepted
+        drafts followed by one sampled token)."""
+        rejected = {}
+        for i, rid in enumerate(result.req_ids):
+            drafts = sched.spec_token_ids.get(rid)
+            if drafts:
+                accepted = len(result.sampled_token_ids[i]) - 1
+                if not 0 <= accepted <= len(drafts):
+                    raise RuntimeError(f"executor returned {accepted + 1} tokens for {rid!r} with {len(drafts)} drafts")
+                rejected[rid] = len(drafts) - accepted
+                self.scheduler.requests[rid].spec_stats.observe(len(drafts), accepted)
+        return rejected
 
     def _num_prompt_tokens(self, sched: SchedulerOutput) -> int:
         reqs = self.scheduler.requests
@@ -98,10 +115,18 @@ class EngineCore:
                     self.scheduler.finish_request(req, reason)
                     finished.append(req)
                     break
+            if req.finish_reason is None and result.spec_token_ids is not None:
+                req.spec_token_ids = self._trim_drafts(req, result.spec_token_ids[i])
             lps = result.logprobs[i] if result.logprobs is not None else None
             outputs.append(EngineCoreOutput(rid, new_tokens, lps[:len(new_tokens)] if lps is not None else None,
-                                            req.finish_reason, req.stop_reason, req.num_cached_tokens, req.events))
+                                            req.finish_reason, req.stop_reason, req.num_cached_tokens, req.events,
+                                            req.spec_stats if req.spec_stats.num_drafts else None))
         return outputs, finished
+
+    def _trim_drafts(self, req: Request, drafts: list[int]) -> list[int]:
+        """No draft past max_tokens or the context: the step after them would not need it."""
+        room = min(req.max_tokens - req.num_output_tokens, self.max_model_len - req.num_tokens) - 1
+        return list(drafts[:max(0, room)])
 
     def _check_stop(self, req: Request, token: int) -> tuple[FinishReason | None, int | None]:
         p = req.params

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tokenmill.request import FinishReason, Request, RequestEvents
+from tokenmill.request import FinishReason, Request, RequestEvents, SpecDecodingStats
 
 
 @dataclass(frozen=True)
@@ -20,8 +20,9 @@ class ModelRunnerOutput:
     """What an executor returns for one step: the requests that sampled (their known tokens are all
     computed) and their new tokens (one each; several with speculative decoding)."""
     req_ids: list[str]
-    sampled_token_ids: list[list[int]]
+    sampled_token_ids: list[list[int]]  # with drafts: the accepted drafts, then one sampled token
     logprobs: list[list[SampledLogprobs] | None] | None = None  # per request, per token; None: none asked
+    spec_token_ids: list[list[int]] | None = None  # per request: drafts proposed for its next step
 
 
 @dataclass
@@ -33,6 +34,7 @@ class EngineCoreOutput:
     stop_reason: int | str | None
     num_cached_tokens: int
     events: RequestEvents
+    spec_stats: SpecDecodingStats | None = None
 
 
 @dataclass
@@ -45,6 +47,8 @@ class IterationStats:
     schedule_time: float
     forward_time: float
     step_time: float
+    num_draft_tokens: int = 0  # speculative tokens verified this step
+    num_accepted_tokens: int = 0  # of which accepted
 
     @classmethod
     def idle(cls) -> IterationStats:

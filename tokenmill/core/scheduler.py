@@ -111,6 +111,13 @@ class Scheduler:
             n = min(n, self.config.long_prefill_token_threshold)
         return n
 
+    @staticmethod
+    def _drafts(req: Request, n: int, budget: int) -> list[int]:
+        """Draft tokens to verify after a request's last known token, within the budget."""
+        if not req.spec_token_ids or req.num_computed_tokens + n != req.num_tokens:
+            return []
+        return req.spec_token_ids[:budget - n]
+
     def _lookahead(self, req: Request, start: int, n: int) -> int:
         # lookahead slots only for a request that will sample this step
         return self.config.num_lookahead_tokens if start + n == req.num_tokens else 0
@@ -123,6 +130,8 @@ class Scheduler:
             if n <= 0:
                 i += 1
                 continue
+            drafts = self._drafts(req, n, budget)
+            n += len(drafts)
             while not self.kv.allocate_slots(req, n, num_lookahead_tokens=self._lookahead(req, req.num_computed_tokens, n)):
                 victim = self.running[-1]
                 self._preempt(victim, out)
@@ -130,6 +139,8 @@ class Scheduler:
                     break
             else:
                 self._emit(out, req, n)
+                if drafts:
+                    out.spec_token_ids[req.request_id] = drafts
                 budget -= n
                 i += 1
                 continue
@@ -141,6 +152,7 @@ class Scheduler:
         self.kv.free(req)
         req.status = RequestStatus.PREEMPTED
         req.num_computed_tokens = 0
+        req.spec_token_ids = []
         req.events.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.appendleft(req)
@@ -149,6 +161,7 @@ class Scheduler:
             out.preempted_request_ids.append(rid)
         if out.num_scheduled_tokens.pop(rid, None) is not None:
             out.cached_requests = [c for c in out.cached_requests if c.request_id != rid]
+            out.spec_token_ids.pop(rid, None)
 
     def _schedule_waiting(self, out: SchedulerOutput, budget: int, now: float) -> None:
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
@@ -186,14 +199,15 @@ class Scheduler:
         self._known.add(rid)
         out.num_scheduled_tokens[rid] = n
 
-    def update_after_step(self, out: SchedulerOutput) -> None:
-        """The step computed what was scheduled: advance the counters and offer the now-written
-        full blocks to the prefix cache."""
+    def update_after_step(self, out: SchedulerOutput, num_rejected: dict[str, int]) -> None:
+        """The step computed what was scheduled: advance the counters, roll back the slots of
+        rejected draft tokens (their KV is garbage and is overwritten later; never cached), and
+        offer the now-written full blocks to the prefix cache."""
         for rid, n in out.num_scheduled_tokens.items():
             req = self.requests.get(rid)
             if req is None:
                 continue
-            req.num_computed_tokens += n
+            req.num_computed_tokens += n - num_rejected.get(rid, 0)
             self.kv.cache_blocks(req, req.num_computed_tokens)
 
     def stats(self) -> SchedulerStats:

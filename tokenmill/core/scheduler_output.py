@@ -33,8 +33,10 @@ class CachedRequestData:
 class SchedulerOutput:
     new_requests: list[NewRequestData] = field(default_factory=list)
     cached_requests: list[CachedRequestData] = field(default_factory=list)
-    # request id -> tokens to compute this step, in batch order
+    # request id -> tokens to compute this step, in batch order (draft tokens included)
     num_scheduled_tokens: dict[str, int] = field(default_factory=dict)
+    # request id -> draft tokens to verify after its last known token (speculative decoding)
+    spec_token_ids: dict[str, list[int]] = field(default_factory=dict)
     # ended since the previous step: the executor forgets them
     finished_request_ids: set[str] = field(default_factory=set)
     # preempted this step: the executor drops their batch state (they come back as new requests)

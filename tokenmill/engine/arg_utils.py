@@ -3,6 +3,7 @@ follow vLLM's where the concept is the same."""
 from __future__ import annotations
 
 import argparse
+import json
 import dataclasses
 import re
 
@@ -13,7 +14,18 @@ _ENGINE_DEFAULTS = {f.name: f.default for f in dataclasses.fields(EngineConfig)}
 # EngineConfig field -> flag; every one defaults to EngineConfig's own default
 ENGINE_FLAGS = ("dtype", "max_model_len", "block_size", "kv_cache_memory_gb", "num_kv_blocks", "kv_cache_dtype",
                 "enable_prefix_caching", "max_num_batched_tokens", "max_num_seqs",
-                "long_prefill_token_threshold", "attention_backend", "seed", "num_threads", "tokenizer")
+                "long_prefill_token_threshold", "attention_backend", "seed", "num_threads", "tokenizer",
+                "speculative_config")
+
+
+def json_object(text: str) -> dict:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"not valid JSON: {e}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("must be a JSON object")
+    return value
 
 
 def positive_int(text: str) -> int:
@@ -84,6 +96,9 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     eng.add_argument("--num-threads", type=positive_int, default=d["num_threads"],
                      help="CPU threads for the model (default: all cores of this process)")
     eng.add_argument("--tokenizer", default=d["tokenizer"], help="tokenizer folder (default: the model's)")
+    eng.add_argument("--speculative-config", type=json_object, default=d["speculative_config"],
+                     help='speculative decoding, as vLLM\'s: e.g. \'{"method": "ngram", "num_speculative_tokens": 4, '
+                          '"prompt_lookup_max": 5, "prompt_lookup_min": 2}\' (default: off)')
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict:

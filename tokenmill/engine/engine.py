@@ -26,6 +26,7 @@ from tokenmill.request import (
     RequestEvents,
     RequestMetrics,
     RequestOutput,
+    SpecDecodingStats,
 )
 from tokenmill.sampling_params import SamplingParams
 from tokenmill.worker.model_runner import ModelRunner
@@ -47,6 +48,7 @@ class _Sample:
     stop_reason: int | str | None = None
     num_cached_tokens: int = 0
     events: RequestEvents | None = None
+    spec_stats: SpecDecodingStats | None = None
 
 
 @dataclass
@@ -194,6 +196,7 @@ class LLMEngine:
         """Fold one core output into the sample: tokens, text, logprobs; a stop string ends it.
         Returns the core requests this ended (for statistics)."""
         sample.events, sample.num_cached_tokens = out.events, out.num_cached_tokens
+        sample.spec_stats = out.spec_stats or sample.spec_stats
         min_tokens = sample.params.min_tokens
         for i, token in enumerate(out.new_token_ids):
             sample.token_ids.append(token)
@@ -223,7 +226,8 @@ class LLMEngine:
         metrics = None
         if ev is not None:
             metrics = RequestMetrics(ev.arrival, ev.first_scheduled, ev.first_token, ev.last_token, ev.finished,
-                                     sum(s.events.num_preemptions for s in parent.samples if s.events))
+                                     sum(s.events.num_preemptions for s in parent.samples if s.events),
+                                     _merged_spec_stats(parent.samples))
         return RequestOutput(parent.request_id, parent.prompt, parent.prompt_token_ids, outs,
                              finished=parent.finished, num_cached_tokens=parent.samples[0].num_cached_tokens,
                              metrics=metrics)
@@ -247,3 +251,21 @@ class LLMEngine:
 
     def reset_prefix_cache(self) -> bool:
         return self.core.reset_prefix_cache()
+
+
+def _merged_spec_stats(samples: list[_Sample]) -> SpecDecodingStats | None:
+    stats = [s.spec_stats for s in samples if s.spec_stats is not None]
+    if not stats:
+        return None
+    if len(stats) == 1:
+        return dataclasses.replace(stats[0], accepted_per_position=list(stats[0].accepted_per_position))
+    merged = SpecDecodingStats()
+    for st in stats:
+        merged.num_drafts += st.num_drafts
+        merged.num_draft_tokens += st.num_draft_tokens
+        merged.num_accepted_tokens += st.num_accepted_tokens
+        for i, n in enumerate(st.accepted_per_position):
+            if i >= len(merged.accepted_per_position):
+                merged.accepted_per_position.append(0)
+            merged.accepted_per_position[i] += n
+    return merged

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from tokenmill.config import CacheConfig, DeviceConfig, EngineConfig, ModelSpec, TokenmillConfig
+from tokenmill.config import CacheConfig, DeviceConfig, EngineConfig, ModelSpec, SpeculativeConfig, TokenmillConfig
 from tokenmill.core.scheduler import SchedulerConfig
 from tokenmill.cpu import available_memory_bytes, core_budget, cpu_has_bf16
 from tokenmill.models.identity import model_content_id
@@ -31,7 +31,8 @@ def resolve_config(cfg: EngineConfig) -> TokenmillConfig:
                                   max_model_len=model.max_model_len,
                                   long_prefill_token_threshold=cfg.long_prefill_token_threshold),
         device=DeviceConfig(num_threads=budget.threads, adaptive_threads=cfg.num_threads is None,
-                            threads_reason=budget.reason, attention_backend=cfg.attention_backend, seed=cfg.seed))
+                            threads_reason=budget.reason, attention_backend=cfg.attention_backend, seed=cfg.seed),
+        speculative=SpeculativeConfig.from_dict(cfg.speculative_config) if cfg.speculative_config else None)
 
 
 def resolve_model_folder(model: str | None) -> Path:

@@ -16,6 +16,8 @@ from tokenmill.engine.resolve import TORCH_DTYPES
 from tokenmill.models.loader import build_model
 from tokenmill.models.registry import get_model_class
 from tokenmill.sampling_params import SamplingParams
+from tokenmill.spec.ngram import NgramProposer
+from tokenmill.spec.rejection import verify
 from tokenmill.worker.sampler import Sampler
 from tokenmill.worker.threads import ThreadController
 
@@ -33,6 +35,7 @@ class RunnerRequest:
     eos_token_id: int | None
     block_ids: list[int]
     num_computed_tokens: int
+    spec_k: int = 0  # drafts to propose next (adapts to this request's recent acceptance)
     token_ids: list[int] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -71,6 +74,14 @@ class ModelRunner:
         self.kv_bytes_per_token = cache.bytes_per_token
         self.sampler = Sampler(model.arch.vocab_size)
         self.requests: dict[str, RunnerRequest] = {}
+        self.spec = config.speculative
+        self.proposer = None
+        if self.spec is not None:
+            self.proposer = NgramProposer(self.spec.num_speculative_tokens, self.spec.prompt_lookup_min,
+                                          self.spec.prompt_lookup_max)
+            logger.info("speculative decoding: %s, up to %d draft tokens (n-gram %d..%d), off above %d decoding "
+                        "requests", self.spec.method, self.spec.num_speculative_tokens, self.spec.prompt_lookup_min,
+                        self.spec.prompt_lookup_max, self.spec.disable_by_batch_size)
         logger.info("model %s (%s) from %s: dtype %s, max_model_len %d; attention backend %s, linear %s",
                     model.served_name, model.arch.architecture, model.path, model.dtype, model.max_model_len,
                     self.backend.name, type(self.model.lm_head.quant_method).__name__)
@@ -85,19 +96,52 @@ class ModelRunner:
         if out.is_empty:
             return ModelRunnerOutput([], [])
         self.threads.before_step()
-        input_ids, positions, layout, sample_idx, sample_reqs = self._layout(out)
+        input_ids, positions, layout, sample_idx, samples = self._layout(out)
         meta = self.backend.build_metadata(layout)
         hidden = self.model(input_ids, positions, self.kv_caches, self.backend, meta)
-        if not sample_reqs:
+        if not samples:
             return ModelRunnerOutput([], [])
         logits = self.model.compute_logits(hidden[torch.tensor(sample_idx)])
-        sampled = self.sampler(logits, sample_reqs)
-        for req, token in zip(sample_reqs, sampled.token_ids):
-            req.append(token)
-        logprobs = None
-        if any(lp is not None for lp in sampled.logprobs):
-            logprobs = [[lp] if lp is not None else None for lp in sampled.logprobs]
-        return ModelRunnerOutput([r.request_id for r in sample_reqs], [[t] for t in sampled.token_ids], logprobs)
+        tokens, logprobs = self._sample(logits, samples)
+        reqs = [req for req, _ in samples]
+        for req, toks in zip(reqs, tokens):
+            for token in toks:
+                req.append(token)
+        return ModelRunnerOutput([r.request_id for r in reqs], tokens,
+                                 logprobs if any(lp is not None for lp in logprobs) else None,
+                                 self._propose(samples, tokens) if self.proposer is not None else None)
+
+    def _sample(self, logits: torch.Tensor, samples: list[tuple[RunnerRequest, list[int]]]):
+        """Plain rows through the sampler, rows with drafts through verification; logits hold each
+        request's rows in order (one, or k+1 with k drafts)."""
+        tokens: list[list[int]] = [[] for _ in samples]
+        logprobs: list = [None] * len(samples)
+        offsets = np.cumsum([0] + [len(d) + 1 for _, d in samples])
+        plain = [i for i, (_, d) in enumerate(samples) if not d]
+        if plain:
+            out = self.sampler(logits[torch.tensor(offsets[plain])], [samples[i][0] for i in plain])
+            for i, token, lp in zip(plain, out.token_ids, out.logprobs):
+                tokens[i], logprobs[i] = [token], [lp] if lp is not None else None
+        spec = [i for i, (_, d) in enumerate(samples) if d]
+        if spec:
+            rows = torch.cat([torch.arange(offsets[i], offsets[i + 1]) for i in spec])
+            v = verify(self.sampler, logits[rows], [samples[i][0] for i in spec], [samples[i][1] for i in spec])
+            for i, toks, lp in zip(spec, v.token_ids, v.logprobs):
+                tokens[i], logprobs[i] = toks, lp
+        return tokens, logprobs
+
+    def _propose(self, samples: list[tuple[RunnerRequest, list[int]]], tokens: list[list[int]]) -> list[list[int]]:
+        """Drafts for each request's next step; none while the batch is large enough that a step is
+        compute-bound. A request's draft length follows its last acceptance (one more than it
+        accepted, at most num_speculative_tokens)."""
+        if len(samples) > self.spec.disable_by_batch_size:
+            return [[] for _ in samples]
+        k_max = self.spec.num_speculative_tokens
+        drafts = []
+        for (req, verified), toks in zip(samples, tokens):
+            req.spec_k = min(k_max, len(toks)) if verified else (req.spec_k or k_max)
+            drafts.append(self.proposer.propose(req.token_ids, req.spec_k))
+        return drafts
 
     def _update_states(self, out: SchedulerOutput) -> None:
         for rid in out.finished_request_ids:
@@ -113,25 +157,29 @@ class ModelRunner:
             req.num_computed_tokens = cached.num_computed_tokens
 
     def _layout(self, out: SchedulerOutput):
+        """Flat batch: each request's tokens from its first uncomputed one (then its drafts, which
+        sit at the next positions and slots). A request whose known tokens are all computed
+        samples: from its last row, or from all k+1 rows when it has k drafts."""
         bs = self.block_size
         ids, pos, slots, qsl, seq_lens, tables = [], [], [], [0], [], []
-        sample_idx, sample_reqs = [], []
+        sample_idx, samples = [], []
         for rid, n in out.num_scheduled_tokens.items():
             req = self.requests[rid]
             start = req.num_computed_tokens
+            drafts = out.spec_token_ids.get(rid, [])
             p = np.arange(start, start + n)
-            ids.append(np.asarray(req.token_ids[start:start + n]))
+            ids.append(np.asarray(req.token_ids[start:start + n - len(drafts)] + drafts))
             pos.append(p)
             slots.append(np.asarray(req.block_ids)[p // bs] * bs + p % bs)
             qsl.append(qsl[-1] + n)
             seq_lens.append(start + n)
             tables.append(req.block_ids)
-            if start + n == len(req.token_ids):  # all known tokens computed: sample the next one
-                sample_idx.append(qsl[-1] - 1)
-                sample_reqs.append(req)
+            if start + n - len(drafts) == len(req.token_ids):
+                sample_idx.extend(range(qsl[-1] - len(drafts) - 1, qsl[-1]))
+                samples.append((req, drafts))
         layout = BatchLayout(torch.from_numpy(np.concatenate(slots)), qsl, seq_lens, tables, bs)
         return (torch.from_numpy(np.concatenate(ids)), torch.from_numpy(np.concatenate(pos)),
-                layout, sample_idx, sample_reqs)
+                layout, sample_idx, samples)
 
     # -- scoring --------------------------------------------------------------------------------
     @torch.inference_mode()

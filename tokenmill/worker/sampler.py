@@ -41,7 +41,7 @@ class Sampler:
     def forget(self, request_id: str) -> None:
         self.generators.pop(request_id, None)
 
-    def _generator(self, req: SamplingRequest) -> torch.Generator:
+    def generator(self, req: SamplingRequest) -> torch.Generator:
         gen = self.generators.get(req.request_id)
         if gen is None:
             gen = torch.Generator().manual_seed(req.params.seed)
@@ -52,9 +52,7 @@ class Sampler:
         logits = logits[:, : self.vocab_size]
         want_logprobs = [r.params.logprobs is not None for r in reqs]
         raw_logprobs = torch.log_softmax(logits, dim=-1) if any(want_logprobs) else None
-        if any(r.params.uses_penalties for r in reqs):
-            logits = _apply_penalties(logits.clone(), reqs)
-        logits = _mask_until_min_tokens(logits, reqs)
+        logits = self.process(logits, reqs)
         tokens = logits.argmax(dim=-1)
         random_rows = [i for i, r in enumerate(reqs) if not r.params.greedy]
         if random_rows:
@@ -62,9 +60,33 @@ class Sampler:
             sampled = self._sample(logits[idx], [reqs[i] for i in random_rows])
             tokens[idx] = sampled
         token_list = tokens.tolist()
-        return SamplerOutput(token_list, _gather_logprobs(raw_logprobs, token_list, reqs))
+        return SamplerOutput(token_list, gather_logprobs(raw_logprobs, token_list, reqs))
 
     def _sample(self, logits: torch.Tensor, reqs: list[SamplingRequest]) -> torch.Tensor:
+        return self.race(self.probs(logits, reqs), reqs)
+
+    def race(self, probs: torch.Tensor, reqs: list[SamplingRequest]) -> torch.Tensor:
+        """One token per row drawn from probs (argmax of p / Exp(1) noise); a seeded request draws
+        its noise from its own generator."""
+        noise = torch.empty_like(probs).exponential_()
+        for i, r in enumerate(reqs):
+            if r.params.seed is not None:
+                noise[i].exponential_(generator=self.generator(r))
+        return (probs / noise).argmax(dim=-1)
+
+    def uniform(self, req: SamplingRequest) -> float:
+        gen = self.generator(req) if req.params.seed is not None else None
+        return torch.rand(1, generator=gen).item()
+
+    def process(self, logits: torch.Tensor, reqs: list[SamplingRequest]) -> torch.Tensor:
+        """Penalties and the min_tokens mask: what every row goes through before greedy or random
+        choice (logits [rows, vocab], already cut to the vocabulary)."""
+        if any(r.params.uses_penalties for r in reqs):
+            logits = _apply_penalties(logits.clone(), reqs)
+        return _mask_until_min_tokens(logits, reqs)
+
+    def probs(self, logits: torch.Tensor, reqs: list[SamplingRequest]) -> torch.Tensor:
+        """The distribution a random row samples from: temperature, top-k, top-p, min-p; normalized."""
         temp = torch.tensor([r.params.temperature for r in reqs], dtype=logits.dtype)
         logits = logits / temp[:, None]
         top_k = [r.params.top_k for r in reqs]
@@ -80,11 +102,8 @@ class Sampler:
         if any(p > 0 for p in min_p):
             thresh = torch.tensor(min_p, dtype=probs.dtype)[:, None] * probs.max(dim=-1, keepdim=True).values
             probs = probs.masked_fill(probs < thresh, 0.0)
-        noise = torch.empty_like(probs).exponential_()
-        for i, r in enumerate(reqs):
-            if r.params.seed is not None:
-                noise[i].exponential_(generator=self._generator(r))
-        return (probs / noise).argmax(dim=-1)
+            probs = probs / probs.sum(dim=-1, keepdim=True)
+        return probs
 
 
 def _top_p(logits: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
@@ -127,7 +146,7 @@ def _mask_until_min_tokens(logits: torch.Tensor, reqs: list[SamplingRequest]) ->
     return logits
 
 
-def _gather_logprobs(raw: torch.Tensor | None, tokens: list[int], reqs: list[SamplingRequest]):
+def gather_logprobs(raw: torch.Tensor | None, tokens: list[int], reqs: list[SamplingRequest]):
     if raw is None:
         return [None] * len(reqs)
     max_k = max(r.params.logprobs or 0 for r in reqs)

@@ -1,0 +1,1 @@
+"""Speculative decoding: proposers (draft tokens) and the verification of drafts."""

@@ -1,0 +1,36 @@
+"""Prompt lookup (n-gram) proposer: no second model. The draft is what followed the latest earlier
+occurrence of the request's last n tokens in its own prompt and output, trying n from
+prompt_lookup_max down to prompt_lookup_min. Strong where the output repeats its input
+(summaries, extraction, code edits, retrieval-augmented answers); proposes nothing otherwise."""
+from __future__ import annotations
+
+import numpy as np
+
+
+class NgramProposer:
+    def __init__(self, num_speculative_tokens: int, min_n: int, max_n: int) -> None:
+        self.k = num_speculative_tokens
+        self.min_n = min_n
+        self.max_n = max_n
+
+    def propose(self, token_ids: list[int], k: int | None = None) -> list[int]:
+        k = self.k if k is None else k
+        if k <= 0 or len(token_ids) <= self.min_n:
+            return []
+        ids = np.asarray(token_ids, dtype=np.int64)
+        for n in range(min(self.max_n, len(ids) - 1), self.min_n - 1, -1):
+            start = _latest_match(ids, n)
+            if start is not None:
+                return ids[start + n:start + n + k].tolist()
+        return []
+
+
+def _latest_match(ids: np.ndarray, n: int) -> int | None:
+    """Start of the latest occurrence of the last n tokens that ends before them."""
+    pattern = ids[-n:]
+    # candidate starts: positions 0 .. len-n-1 whose first token matches, newest first
+    candidates = np.flatnonzero(ids[: len(ids) - n] == pattern[0])[::-1]
+    for start in candidates:
+        if np.array_equal(ids[start:start + n], pattern):
+            return int(start)
+    return None
