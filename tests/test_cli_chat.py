@@ -47,6 +47,16 @@ def _finish(child: pexpect.spawn) -> str:
     return transcript
 
 
+def _interrupt_at_prompt(child: pexpect.spawn) -> None:
+    """Ctrl-C while input() waits. CPython's readline loop only notices a SIGINT that arrives while
+    it blocks in select(): one delivered just after the prompt is drawn but before the loop blocks
+    waits for the next keystroke. Typing a character and waiting for its echo puts the loop in
+    select() for sure, so the test does not depend on how fast the prompt is reached."""
+    child.send("x")
+    child.expect_exact("x")
+    child.sendintr()
+
+
 def test_reply_streams_and_ctrl_c_stops_it_not_the_session(tiny_llama, tmp_path):
     # with the step delay a full reply (~500 tokens, EOS ignored) lasts ~25 s: it is still running
     # when the test sends Ctrl-C, so "[interrupted]" proves its first text was shown before its end
@@ -58,10 +68,10 @@ def test_reply_streams_and_ctrl_c_stops_it_not_the_session(tiny_llama, tmp_path)
         child.sendintr()
         child.expect_exact("[interrupted]")
         child.expect_exact(PROMPT)  # the session goes on
-    child.sendintr()  # at the prompt: drops the line and says how to leave
+    _interrupt_at_prompt(child)  # drops the line and says how to leave
     child.expect_exact("(Ctrl-C again, Ctrl-D or /exit to quit)")
     child.expect_exact(PROMPT)
-    child.sendintr()
+    _interrupt_at_prompt(child)
     transcript = _finish(child)
     assert "[reply cut" not in transcript
 

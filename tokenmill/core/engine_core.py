@@ -19,7 +19,7 @@ from tokenmill.core.kv_cache_manager import KVCacheManager, PrefixCacheStats
 from tokenmill.core.outputs import EngineCoreOutput, EngineCoreOutputs, IterationStats, ModelRunnerOutput
 from tokenmill.core.scheduler import Scheduler, SchedulerConfig, SchedulerStats
 from tokenmill.core.scheduler_output import SchedulerOutput
-from tokenmill.request import FinishReason, Request
+from tokenmill.request import FinishReason, Request, SpecDecodingStats
 
 
 class Executor(Protocol):
@@ -71,18 +71,21 @@ class EngineCore:
         t1 = self.clock()
         result = self.executor.execute(sched)
         t2 = self.clock()
-        num_rejected = self._verify_drafts(sched, result)
+        spec = SpecDecodingStats()
+        num_rejected = self._verify_drafts(sched, result, spec)
         self.scheduler.update_after_step(sched, num_rejected)
         outputs, finished = self._append_sampled(result, t2)
-        drafted = sum(len(d) for d in sched.spec_token_ids.values())
         it = IterationStats(num_prompt_tokens=num_prompt, num_generation_tokens=sum(len(o.new_token_ids) for o in outputs),
                             num_batched_tokens=sched.total_num_scheduled_tokens,
                             num_seqs=len(sched.num_scheduled_tokens), num_preempted=len(sched.preempted_request_ids),
                             schedule_time=t1 - t0, forward_time=t2 - t1, step_time=self.clock() - t0,
-                            num_draft_tokens=drafted, num_accepted_tokens=drafted - sum(num_rejected.values()))
+                            num_drafts=spec.num_drafts, num_draft_tokens=spec.num_draft_tokens,
+                            num_accepted_tokens=spec.num_accepted_tokens,
+                            accepted_per_position=spec.accepted_per_position)
         return EngineCoreOutputs(outputs, finished, it)
 
-    def _verify_drafts(self, sched: SchedulerOutput, result: ModelRunnerOutput) -> dict[str, int]:
+    def _verify_drafts(self, sched: SchedulerOutput, result: ModelRunnerOutput,
+                       step_stats: SpecDecodingStats) -> dict[str, int]:
         """How many of each request's draft tokens the executor rejected (it returns the accepted
         drafts followed by one sampled token)."""
         rejected = {}
@@ -94,6 +97,7 @@ class EngineCore:
                     raise RuntimeError(f"executor returned {accepted + 1} tokens for {rid!r} with {len(drafts)} drafts")
                 rejected[rid] = len(drafts) - accepted
                 self.scheduler.requests[rid].spec_stats.observe(len(drafts), accepted)
+                step_stats.observe(len(drafts), accepted)
         return rejected
 
     def _num_prompt_tokens(self, sched: SchedulerOutput) -> int:

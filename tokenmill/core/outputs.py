@@ -2,7 +2,7 @@
 core returns to its frontend, and the per-step statistics."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from tokenmill.request import FinishReason, Request, RequestEvents, SpecDecodingStats
 
@@ -47,8 +47,10 @@ class IterationStats:
     schedule_time: float
     forward_time: float
     step_time: float
+    num_drafts: int = 0  # requests that verified draft tokens this step
     num_draft_tokens: int = 0  # speculative tokens verified this step
     num_accepted_tokens: int = 0  # of which accepted
+    accepted_per_position: list[int] = field(default_factory=list)  # accepted drafts at position 0, 1, ...
 
     @classmethod
     def idle(cls) -> IterationStats:

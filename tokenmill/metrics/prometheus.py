@@ -20,7 +20,9 @@ Series (units in the names; counters end in _total):
               tokenmill:kv_cache_evictions_total (blocks), tokenmill:num_preemptions_total,
               tokenmill:prompt_tokens_total (prompt tokens computed, cache hits excluded),
               tokenmill:generation_tokens_total, tokenmill:request_success_total{finished_reason},
-              tokenmill:engine_busy_seconds_total
+              tokenmill:engine_busy_seconds_total, tokenmill:spec_decode_num_drafts_total,
+              tokenmill:spec_decode_num_draft_tokens_total, tokenmill:spec_decode_num_accepted_tokens_total,
+              tokenmill:spec_decode_num_accepted_tokens_per_pos_total{position}
 The cost gauge is the cost of a token while the engine is busy (what a fully loaded device would
 pay). What the device really costs at the current traffic, idle time included, is a PromQL away:
   tokenmill:price_per_hour_usd / 3600 * 1e6 / rate(tokenmill:generation_tokens_total[5m])
@@ -100,6 +102,15 @@ class PrometheusStatLogger:
         self.gen_tokens = counter("generation_tokens", "Output tokens generated.")
         self.busy = counter("engine_busy_seconds", "Seconds the engine spent in steps (utilization = "
                             "rate(tokenmill:engine_busy_seconds_total[5m])).")
+        self.spec_drafts = counter("spec_decode_num_drafts", "Verification steps of speculative decoding "
+                                   "(one per request per step that checked draft tokens).")
+        self.spec_draft_tokens = counter("spec_decode_num_draft_tokens", "Draft tokens verified.")
+        self.spec_accepted = counter("spec_decode_num_accepted_tokens", "Draft tokens accepted "
+                                     "(acceptance rate = accepted / draft tokens; mean accepted length = "
+                                     "1 + accepted / drafts).")
+        self._spec_per_pos = Counter(PREFIX + "spec_decode_num_accepted_tokens_per_pos",
+                                     "Draft tokens accepted at each draft position (0 = the first draft).",
+                                     labels + ["position"], registry=reg)
         self._success = Counter(PREFIX + "request_success", "Finished sequences by finish reason.",
                                 labels + ["finished_reason"], registry=reg)
         for reason in ("stop", "length"):
@@ -128,6 +139,13 @@ class PrometheusStatLogger:
             self.iter_tokens.observe(it.num_batched_tokens)
         if it.step_time > 0:
             self.busy.inc(it.step_time)
+        if it.num_drafts:
+            self.spec_drafts.inc(it.num_drafts)
+            self.spec_draft_tokens.inc(it.num_draft_tokens)
+            self.spec_accepted.inc(it.num_accepted_tokens)
+            for pos, n in enumerate(it.accepted_per_position):
+                if n:
+                    self._spec_per_pos.labels(self.model_name, str(pos)).inc(n)
         if it.step_time > 0 or it.num_generation_tokens:
             self.cost.add(it.step_time, it.num_generation_tokens)
             self.cost_gauge.set(self.cost.cost_per_million_output_tokens)
