@@ -30,6 +30,8 @@ def test_ngram_proposes_what_followed_the_latest_match():
     assert p.propose([5, 6, 7, 8]) == []  # nothing repeats
     assert p.propose([4, 5, 1, 2, 1], k=2) == [2, 1]  # falls back to the 1-gram "1"
     assert NgramProposer(3, min_n=2, max_n=3).propose([4, 5, 1, 2, 1]) == []  # too short a match
+    # the latest match of [8, 9] ends one token before the end: the copy runs on into itself
+    assert NgramProposer(4, min_n=2, max_n=2).propose([5, 8, 9, 8, 9]) == [8, 9, 8, 9]
 
 
 def test_speculative_config_names_bad_fields():

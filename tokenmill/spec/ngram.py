@@ -21,8 +21,20 @@ class NgramProposer:
         for n in range(min(self.max_n, len(ids) - 1), self.min_n - 1, -1):
             start = _latest_match(ids, n)
             if start is not None:
-                return ids[start + n:start + n + k].tolist()
+                return _continue_from(token_ids, start + n, k)
         return []
+
+
+def _continue_from(token_ids: list[int], pos: int, k: int) -> list[int]:
+    """k tokens copied from `pos` on; where the copy reaches the end it goes on from its own start,
+    as in LZ77, so a repeating pattern whose latest match overlaps the end (a period shorter than
+    k) still yields k tokens."""
+    out: list[int] = []
+    n = len(token_ids)
+    for i in range(k):
+        src = pos + i
+        out.append(token_ids[src] if src < n else out[src - n])
+    return out
 
 
 def _latest_match(ids: np.ndarray, n: int) -> int | None:
