@@ -28,6 +28,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from tokenmill.bench.script import run_script, write_record
+
 POLICIES = {
     "adaptive": ({}, None),
     "fixed": ({}, "all"),
@@ -137,10 +139,7 @@ def run(args: argparse.Namespace) -> int:
         cells = "".join(f"{row[x]['median_s']:>14.2f}" for x in loads)
         ratios = "".join(f"{row[x]['median_s'] / base:>15.2f}x" if base else f"{'-':>16}" for x in loads if x != "idle")
         print(f"{p:>9}{cells}{ratios}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"machine": machine(), "date": time.strftime("%Y-%m-%d %H:%M"), "argv": sys.argv,
-                       "results": results}, f, indent=2)
+    write_record(args.json, results=results)
     return 0
 
 
@@ -155,9 +154,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_arguments(p)
-    return run(p.parse_args(argv))
+    return run_script(__doc__, add_arguments, run, argv)
 
 
 if __name__ == "__main__":

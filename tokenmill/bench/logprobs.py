@@ -11,9 +11,10 @@ output tokens means no work grows with the length.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
+
+from tokenmill.bench.script import run_script, write_record
 
 
 class _ForwardTimes:
@@ -66,10 +67,7 @@ def run(args: argparse.Namespace) -> int:
     last, first = rows[-1][f"logprobs_{args.logprobs}"], rows[0][f"logprobs_{args.logprobs}"]
     print(f"logprobs cost per token at {rows[-1]['output_tokens']} vs {rows[0]['output_tokens']} tokens: "
           f"{last / first:.2f}x")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"machine": machine(), "date": time.strftime("%Y-%m-%d %H:%M"), "argv": sys.argv,
-                       "rows": rows}, f, indent=2)
+    write_record(args.json, rows=rows)
     return 0
 
 
@@ -83,9 +81,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_arguments(p)
-    return run(p.parse_args(argv))
+    return run_script(__doc__, add_arguments, run, argv)
 
 
 if __name__ == "__main__":

@@ -17,6 +17,8 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 
+from tokenmill.bench.script import run_script
+
 
 @dataclass
 class Workload:
@@ -149,9 +151,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_arguments(p)
-    return run(p.parse_args(argv))
+    return run_script(__doc__, add_arguments, run, argv)
 
 
 if __name__ == "__main__":

@@ -20,6 +20,8 @@ import time
 
 import torch
 
+from tokenmill.bench.script import run_script
+
 _COLD = ("import time, sys; t0 = float(sys.argv[1]); from tokenmill import LLM, SamplingParams; "
          "llm = LLM(dtype=sys.argv[2]); "
          "o = llm.generate(['Hello'], SamplingParams(max_tokens=1, temperature=0), use_tqdm=False); "
@@ -168,9 +170,7 @@ def add_parser(subparsers) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_arguments(p)
-    return run(p.parse_args(argv))
+    return run_script(__doc__, add_arguments, run, argv)
 
 
 if __name__ == "__main__":

@@ -22,6 +22,8 @@ import sys
 import time
 from importlib import resources
 
+from tokenmill.bench.script import run_script, write_record
+
 INSTRUCTIONS = ["Repeat the following text exactly, word for word.",
                 "Rewrite the following text, changing only the first sentence.",
                 "Copy the following text and put it in quotation marks."]
@@ -96,10 +98,7 @@ def run(args: argparse.Namespace) -> int:
                   f"accepted length {best['ngram']['mean_accepted_length'] or '-'}; identical outputs {identical}",
                   flush=True)
     print(f"machine: {machine()}; date: {time.strftime('%Y-%m-%d %H:%M')}; dtype {args.dtype}; best of {args.rounds}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"machine": machine(), "date": time.strftime("%Y-%m-%d %H:%M"), "argv": sys.argv,
-                       "results": results}, f, indent=2)
+    write_record(args.json, results=results)
     return 0
 
 
@@ -115,9 +114,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_arguments(p)
-    return run(p.parse_args(argv))
+    return run_script(__doc__, add_arguments, run, argv)
 
 
 if __name__ == "__main__":

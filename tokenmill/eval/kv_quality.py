@@ -31,6 +31,7 @@ from tokenmill.models.registry import get_model_class
 
 from tokenmill.attention.backend import BatchLayout
 from tokenmill.data import read_text
+from tokenmill.bench.script import run_script
 
 PROMPTS = [
     # plain completions
@@ -283,9 +284,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_arguments(p)
-    return run(p.parse_args(argv))
+    return run_script(__doc__, add_arguments, run, argv)
 
 
 if __name__ == "__main__":
