@@ -129,6 +129,10 @@ class ChatRepl:
         self._last_was_ctrl_c = False
 
     def run(self) -> int:
+        if self.interactive:
+            # a terminal session answers Ctrl-C even when started from a shell that ignores SIGINT
+            # (a background job inherits SIG_IGN, and Python then keeps it)
+            signal.signal(signal.SIGINT, signal.default_int_handler)
         save_history = enable_line_editing(history_path()) if self.interactive else lambda: None
         try:
             while (line := self._read_line()) is not None:
