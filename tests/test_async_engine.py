@@ -5,7 +5,8 @@ import asyncio
 
 import pytest
 
-from tokenmill.engine.async_engine import AsyncLLMEngine, EngineDeadError, EngineShutdownError
+from tokenmill.engine.async_engine import AsyncLLMEngine
+from tokenmill.engine.errors import EngineDeadError, EngineShutdownError
 from tokenmill.sampling_params import SamplingParams
 
 SAFETY_NET_S = 30.0  # only against a hang; a correct engine answers at once

@@ -113,7 +113,7 @@ class SpeculativeConfig:
     num_speculative_tokens: int = 4
     prompt_lookup_min: int = 2
     prompt_lookup_max: int = 5
-    disable_by_batch_size: int = 8
+    disable_by_batch_size: int = 16  # measured crossover on a 2-core CPU: docs/BENCHMARKS.md
 
     def __post_init__(self) -> None:
         _choice("speculative_config.method", self.method, SPEC_METHODS)

@@ -70,6 +70,8 @@ def run(args: argparse.Namespace) -> int:
     batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
     common = dict(dtype=args.dtype, max_num_seqs=max(batch_sizes))
     spec = {"method": "ngram", "num_speculative_tokens": args.num_speculative_tokens}
+    if args.disable_by_batch_size is not None:
+        spec["disable_by_batch_size"] = args.disable_by_batch_size
     engines = {"off": LLM(args.model, **common), "ngram": LLM(args.model, speculative_config=spec, **common)}
     tok = engines["off"].get_tokenizer()
     results = []
@@ -109,6 +111,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workloads", default="repeat,random")
     p.add_argument("--max-tokens", type=int, default=200)
     p.add_argument("--num-speculative-tokens", type=int, default=4)
+    p.add_argument("--disable-by-batch-size", type=int, default=None,
+                   help="speculative_config.disable_by_batch_size (default: the engine's); a large value keeps "
+                        "speculation on at every batch size, to find where it stops paying")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--json", default=None)
 

@@ -28,6 +28,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from tokenmill.engine.errors import EngineDeadError, EngineShutdownError, QueueFullError
 from tokenmill.request import RequestOutput
 from tokenmill.sampling_params import SamplingParams
 
@@ -35,22 +36,6 @@ logger = logging.getLogger(__name__)
 
 _IDLE_POLL_S = 0.005  # wait when the engine has requests but scheduled nothing (never spins)
 STEP_DELAY_ENV = "TOKENMILL_TEST_STEP_DELAY_S"  # test-only: sleep this long after each step
-
-
-class EngineDeadError(RuntimeError):
-    """The engine loop stopped after an error; nothing more will be served."""
-
-
-class EngineShutdownError(RuntimeError):
-    """The engine is shutting down; the request was refused or aborted."""
-
-
-class QueueFullError(RuntimeError):
-    """Too many requests are waiting; try again later."""
-
-    def __init__(self, message: str, retry_after: int = 1) -> None:
-        super().__init__(message)
-        self.retry_after = retry_after
 
 
 @dataclass

@@ -16,7 +16,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.types import Send
 
-from tokenmill.engine.async_engine import EngineDeadError, EngineShutdownError, QueueFullError
+from tokenmill.engine.errors import EngineDeadError, EngineShutdownError, QueueFullError
 from tokenmill.server.protocol import error_body
 
 logger = logging.getLogger("tokenmill.server")

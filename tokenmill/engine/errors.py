@@ -1,0 +1,18 @@
+"""Why the async engine refused or ended a request (the server maps each to an HTTP status)."""
+from __future__ import annotations
+
+
+class EngineDeadError(RuntimeError):
+    """The engine loop stopped after an error; nothing more will be served."""
+
+
+class EngineShutdownError(RuntimeError):
+    """The engine is shutting down; the request was refused or aborted."""
+
+
+class QueueFullError(RuntimeError):
+    """Too many requests are waiting; try again later."""
+
+    def __init__(self, message: str, retry_after: int = 1) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
