@@ -188,7 +188,6 @@ def _step(core: EngineCore, live: list[str]) -> None:
         if out.finish_reason is not None:
             live.remove(out.request_id)
     for req in core.scheduler.running:  # cached blocks hold computed tokens only
-        blocks = kv_blocks = core.kv.req_blocks.get(req.request_id, [])
-        for i, b in enumerate(kv_blocks):
+        for i, b in enumerate(core.kv.req_blocks.get(req.request_id, [])):
             if b.block_hash is not None:
-                assert (i + 1) * core.kv.block_size <= req.num_computed_tokens, (i, req, blocks)
+                assert (i + 1) * core.kv.block_size <= req.num_computed_tokens, (i, req)

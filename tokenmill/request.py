@@ -52,6 +52,23 @@ class SpecDecodingStats:
         for i in range(num_accepted):
             self.accepted_per_position[i] += 1
 
+    @classmethod
+    def merged(cls, stats: list[SpecDecodingStats]) -> SpecDecodingStats:
+        out = cls()
+        for st in stats:
+            out.num_drafts += st.num_drafts
+            out.num_draft_tokens += st.num_draft_tokens
+            out.num_accepted_tokens += st.num_accepted_tokens
+            for i, n in enumerate(st.accepted_per_position):
+                if i == len(out.accepted_per_position):
+                    out.accepted_per_position.append(0)
+                out.accepted_per_position[i] += n
+        return out
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else None
+
     @property
     def mean_accepted_length(self) -> float:
         """Tokens emitted per verification step (accepted drafts + the one sampled after them)."""

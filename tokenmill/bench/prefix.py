@@ -89,7 +89,7 @@ def run_engine(wl: Workload, prefix_caching: bool, engine_kwargs: dict, log=prin
     r = RunResult(f"caching {'on' if prefix_caching else 'off'}", seconds, len(outs), sum(map(len, wl.prompts)),
                   produced, prefix_caching, percentile(ttfts, 50), percentile(ttfts, 99), sum(ttfts) / len(ttfts),
                   sum(o.num_cached_tokens for o in outs.values()), engine.core.scheduler.num_preemptions - preempt0,
-                  engine.kv_capacity_tokens // engine.config.cache.block_size)
+                  engine.config.cache.num_blocks)
     log(f"prefix caching {'on' if prefix_caching else 'off'}: {seconds:.1f}s, {r.output_tokens_per_s:.1f} out tok/s, "
         f"TTFT p50 {r.ttft_p50:.2f}s p99 {r.ttft_p99:.2f}s, cached prompt tokens {r.cached_prompt_tokens}")
     return r

@@ -23,6 +23,7 @@ import time
 from importlib import resources
 
 from tokenmill.bench.script import run_script, write_record
+from tokenmill.request import SpecDecodingStats
 
 INSTRUCTIONS = ["Repeat the following text exactly, word for word.",
                 "Rewrite the following text, changing only the first sentence.",
@@ -48,19 +49,15 @@ def run_config(llm, prompts: list[list[int]], workload: str, max_tokens: int) ->
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
     seconds = time.perf_counter() - t0
     tpots = []
-    drafted = accepted = drafts = 0
     for o in outs:
         m, n = o.metrics, len(o.outputs[0].token_ids)
         if n > 1:
             tpots.append((m.last_token_time - m.first_token_time) / (n - 1))
-        if m.spec_decoding:
-            drafts += m.spec_decoding.num_drafts
-            drafted += m.spec_decoding.num_draft_tokens
-            accepted += m.spec_decoding.num_accepted_tokens
+    spec = SpecDecodingStats.merged([o.metrics.spec_decoding for o in outs if o.metrics.spec_decoding])
     tokens = sum(len(o.outputs[0].token_ids) for o in outs)
     return {"seconds": seconds, "output_tokens": tokens, "output_tok_s": tokens / seconds,
-            "tpot_ms": 1000 * sum(tpots) / len(tpots), "acceptance": accepted / drafted if drafted else None,
-            "mean_accepted_length": (accepted + drafts) / drafts if drafts else None,
+            "tpot_ms": 1000 * sum(tpots) / len(tpots), "acceptance": spec.acceptance_rate,
+            "mean_accepted_length": spec.mean_accepted_length or None,
             "outputs": [o.outputs[0].token_ids for o in outs]}
 
 

@@ -33,7 +33,6 @@ class EngineCore:
         self.executor = executor
         self.clock = clock
         self.scheduler = Scheduler(scheduler_config, kv, clock)
-        self.max_model_len = scheduler_config.max_model_len
 
     # -- requests -------------------------------------------------------------------------------
     def add_request(self, request: Request) -> None:
@@ -129,7 +128,7 @@ class EngineCore:
 
     def _trim_drafts(self, req: Request, drafts: list[int]) -> list[int]:
         """No draft past max_tokens or the context: the step after them would not need it."""
-        room = min(req.max_tokens - req.num_output_tokens, self.max_model_len - req.num_tokens) - 1
+        room = min(req.max_tokens - req.num_output_tokens, self.scheduler.config.max_model_len - req.num_tokens) - 1
         return list(drafts[:max(0, room)])
 
     def _check_stop(self, req: Request, token: int) -> tuple[FinishReason | None, int | None]:
@@ -139,7 +138,7 @@ class EngineCore:
                 return FinishReason.STOP, None
             if token in p.stop_token_ids:
                 return FinishReason.STOP, token
-        if req.num_output_tokens >= req.max_tokens or req.num_tokens >= self.max_model_len:
+        if req.num_output_tokens >= req.max_tokens or req.num_tokens >= self.scheduler.config.max_model_len:
             return FinishReason.LENGTH, None
         return None, None
 

@@ -127,10 +127,6 @@ class KVCacheManager:
     def block_ids(self, request_id: str) -> list[int]:
         return [b.block_id for b in self.req_blocks.get(request_id, [])]
 
-    @property
-    def capacity_tokens(self) -> int:
-        return self.pool.num_blocks * self.block_size
-
     def usage(self) -> float:
         return self.pool.num_used_blocks / self.pool.num_blocks
 

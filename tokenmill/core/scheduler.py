@@ -187,15 +187,16 @@ class Scheduler:
 
     def _emit(self, out: SchedulerOutput, req: Request, n: int) -> None:
         rid = req.request_id
-        block_ids = self.kv.block_ids(rid)
+        blocks = self.kv.req_blocks[rid]
         sent = self._sent_blocks.get(rid)
         if sent is None:
             out.new_requests.append(NewRequestData(
-                rid, req.prompt_token_ids, req.output_token_ids, req.params, req.eos_token_id, block_ids,
-                req.num_computed_tokens))
+                rid, req.prompt_token_ids, req.output_token_ids, req.params, req.eos_token_id,
+                [b.block_id for b in blocks], req.num_computed_tokens))
         else:
-            out.cached_requests.append(CachedRequestData(rid, block_ids[sent:], req.num_computed_tokens))
-        self._sent_blocks[rid] = len(block_ids)
+            out.cached_requests.append(CachedRequestData(rid, [b.block_id for b in blocks[sent:]],
+                                                         req.num_computed_tokens))
+        self._sent_blocks[rid] = len(blocks)
         self._known.add(rid)
         out.num_scheduled_tokens[rid] = n
 

@@ -225,9 +225,11 @@ class LLMEngine:
         ev = parent.samples[0].events
         metrics = None
         if ev is not None:
+            stats = [s.spec_stats for s in parent.samples if s.spec_stats is not None]
+            spec_stats = SpecDecodingStats.merged(stats) if stats else None  # a copy: the core's keeps changing
             metrics = RequestMetrics(ev.arrival, ev.first_scheduled, ev.first_token, ev.last_token, ev.finished,
                                      sum(s.events.num_preemptions for s in parent.samples if s.events),
-                                     _merged_spec_stats(parent.samples))
+                                     spec_stats)
         return RequestOutput(parent.request_id, parent.prompt, parent.prompt_token_ids, outs,
                              finished=parent.finished, num_cached_tokens=parent.samples[0].num_cached_tokens,
                              metrics=metrics)
@@ -251,21 +253,3 @@ class LLMEngine:
 
     def reset_prefix_cache(self) -> bool:
         return self.core.reset_prefix_cache()
-
-
-def _merged_spec_stats(samples: list[_Sample]) -> SpecDecodingStats | None:
-    stats = [s.spec_stats for s in samples if s.spec_stats is not None]
-    if not stats:
-        return None
-    if len(stats) == 1:
-        return dataclasses.replace(stats[0], accepted_per_position=list(stats[0].accepted_per_position))
-    merged = SpecDecodingStats()
-    for st in stats:
-        merged.num_drafts += st.num_drafts
-        merged.num_draft_tokens += st.num_draft_tokens
-        merged.num_accepted_tokens += st.num_accepted_tokens
-        for i, n in enumerate(st.accepted_per_position):
-            if i >= len(merged.accepted_per_position):
-                merged.accepted_per_position.append(0)
-            merged.accepted_per_position[i] += n
-    return merged
