@@ -131,9 +131,19 @@ def sdpa_causal(q, k, v, context, scale):
 @pytest.mark.parametrize("lq,context,heads,kv_heads,d", [
     (1, 0, 9, 3, 64), (37, 0, 9, 3, 64), (300, 0, 9, 3, 64),  # one key; partial blocks; many blocks
     (100, 50, 4, 2, 16), (129, 200, 8, 8, 24), (65, 0, 6, 1, 8), (5, 70, 3, 3, 40)])  # context, odd D
-def test_prefill_attention_matches_sdpa(lq, context, heads, kv_heads, d):
+@pytest.mark.parametrize("isa", ["auto", "avx2"])
+def test_prefill_attention_matches_sdpa(lq, context, heads, kv_heads, d, isa):
     """Causal attention of a chunk after `context` cached keys, q/k/v strided slices of one fused
-    tensor as the model hands them over; float32 tolerance 1e-5."""
+    tensor as the model hands them over; float32 tolerance 1e-5. `auto` runs the AVX-512
+    micro-kernel where the CPU has it, `avx2` the baseline one."""
+    cpu_ops.set_isa(isa)
+    try:
+        _check_prefill_attention(lq, context, heads, kv_heads, d)
+    finally:
+        cpu_ops.set_isa("auto")
+
+
+def _check_prefill_attention(lq, context, heads, kv_heads, d):
     g = torch.Generator().manual_seed(lq + context)
     fused = torch.randn(context + lq, (heads + 2 * kv_heads) * d, generator=g)
     q = fused[context:, :heads * d].view(lq, heads, d)

@@ -28,7 +28,7 @@ def _ids(outs) -> list[list[int]]:
 
 
 def _llm(tiny_llama, caching: bool, **kw) -> LLM:
-    return LLM(str(tiny_llama), dtype="float32", block_size=BLOCK, num_kv_blocks=kw.pop("num_kv_blocks", 256),
+    return LLM(str(tiny_llama), dtype=kw.pop("dtype", "float32"), block_size=BLOCK, num_kv_blocks=kw.pop("num_kv_blocks", 256),
                enable_prefix_caching=caching, **kw)
 
 
@@ -37,15 +37,18 @@ def uncached(tiny_llama):
     return _llm(tiny_llama, False)
 
 
-@pytest.mark.parametrize("kv_cache_dtype", ["auto", "int8"])
+@pytest.mark.parametrize("dtype,kv_cache_dtype", [("float32", "auto"), ("float32", "int8"), ("bfloat16", "auto")])
 @pytest.mark.parametrize("params", [GREEDY, SEEDED], ids=["greedy", "seeded"])
-def test_outputs_identical_with_caching_on_and_off(tiny_llama, uncached, params, kv_cache_dtype):
+def test_outputs_identical_with_caching_on_and_off(tiny_llama, uncached, params, dtype, kv_cache_dtype):
+    """bfloat16: float32 activations over a bf16 KV cache; a fresh prompt's attention must see the
+    bf16-rounded K/V a later cache hit reads, or hits would change outputs."""
     prompts = _shared_prefix_prompts()
-    off = uncached if kv_cache_dtype == "auto" else _llm(tiny_llama, False, kv_cache_dtype=kv_cache_dtype)
+    default = dtype == "float32" and kv_cache_dtype == "auto"
+    off = uncached if default else _llm(tiny_llama, False, dtype=dtype, kv_cache_dtype=kv_cache_dtype)
     expect = _ids(off.generate(prompts, params, use_tqdm=False))
     # a small token budget admits the batch over several steps: later prompts hit the prefix blocks
     # that earlier steps wrote (a block is findable only once its KV is computed)
-    on = _llm(tiny_llama, True, kv_cache_dtype=kv_cache_dtype, max_num_batched_tokens=32)
+    on = _llm(tiny_llama, True, dtype=dtype, kv_cache_dtype=kv_cache_dtype, max_num_batched_tokens=32)
     first = on.generate(prompts, params, use_tqdm=False)  # hits within the batch (shared prefixes)
     again = on.generate(prompts, params, use_tqdm=False)  # hits on the whole prompts' full blocks
     assert _ids(first) == expect and _ids(again) == expect

@@ -88,9 +88,13 @@ class CpuPagedBackend(AttentionBackend):
         return CpuPagedMetadata(layout.slot_mapping, layout.block_size, decodes, prefills)
 
     def forward(self, q, k, v, kv_cache, meta: CpuPagedMetadata, scale: float) -> torch.Tensor:
-        if not is_quantized(kv_cache) and kv_cache[0].dtype == k.dtype and k.stride(-1) == 1 and v.stride(-1) == 1:
-            torch.ops.tokenmill.store_kv(kv_cache[0], kv_cache[1], k, v, meta.slot_mapping)  # a row memcpy
+        if not is_quantized(kv_cache) and _storable(kv_cache[0].dtype, k.dtype) and k.stride(-1) == 1 \
+                and v.stride(-1) == 1:
+            # a row copy; float32 rows into a bf16 cache are rounded in place, so k, v == the cache
+            torch.ops.tokenmill.store_kv(kv_cache[0], kv_cache[1], k, v, meta.slot_mapping)
+            stored = True
         else:
+            stored = False
             write_kv(kv_cache, k, v, meta.slot_mapping)
         d = meta.decodes
         if not meta.prefills and d is not None and d.rows is None:  # a pure decode step: no copies at all
@@ -100,12 +104,18 @@ class CpuPagedBackend(AttentionBackend):
             out[d.rows] = cpu_ops.paged_decode(q[d.rows], kv_cache, d.block_table, d.seq_lens, meta.block_size,
                                                scale)
         for p in meta.prefills:
-            _prefill(q, k, v, kv_cache, p, meta.block_size, scale, out)
+            _prefill(q, k, v, kv_cache, p, meta.block_size, scale, out, fresh_equals_cache=stored)
         return out
 
 
-def _prefill(q, k, v, kv_cache, p: _Prefill, block_size: int, scale: float, out: torch.Tensor) -> None:
-    if p.context == 0 and not is_quantized(kv_cache) and kv_cache[0].dtype == k.dtype:
+def _storable(cache_dtype: torch.dtype, dtype: torch.dtype) -> bool:
+    """store_kv copies rows of the cache's dtype, or rounds float32 rows into a bf16 cache."""
+    return cache_dtype == dtype or (cache_dtype == torch.bfloat16 and dtype == torch.float32)
+
+
+def _prefill(q, k, v, kv_cache, p: _Prefill, block_size: int, scale: float, out: torch.Tensor,
+             fresh_equals_cache: bool) -> None:
+    if p.context == 0 and fresh_equals_cache:
         # a fresh prompt in a plain cache: its keys are exactly this step's k/v, no gather needed
         kb, vb = k[p.start:p.end], v[p.start:p.end]
     else:  # cached context (or quantized storage): read what the cache holds

@@ -6,8 +6,11 @@
              in 128-query pieces
   gemm       the default model's linear shapes, 30 distinct fp32 weights each, 1-1024 rows:
              panel_linear vs oneDNN with a prepacked weight (GFLOP/s; GB/s of weight at 1-8 rows)
+  isa        the same shapes through every instruction-set path this CPU runs: bf16 panel GEMM
+             (AVX512_BF16 dot products, AVX-512 and AVX2 widening) vs oneDNN with a prepacked bf16
+             weight, and the float32 panel GEMM on AVX-512 vs AVX2
 
-    python -m tokenmill.bench.kernels [--threads 2]
+    python -m tokenmill.bench.kernels [--threads 2] [--only attention,prefill,gemm,isa]
 """
 from __future__ import annotations
 
@@ -70,6 +73,36 @@ def gemm(layers: int = 30) -> None:
             print(f"gemm {n}x{k} M={m:>4}: {rates}; ratio {secs['oneDNN packed'] / secs['panel_linear']:.2f}x")
 
 
+def gemm_isa(layers: int = 30) -> None:
+    """Every ISA path of our panel GEMMs against oneDNN (prepacked, bf16): GFLOP/s, best of 3."""
+    from tokenmill.kernels import cpu_ops
+    levels = ["avx512_bf16", "avx512", "avx2"]
+    best = cpu_ops.isa().split()[1].removeprefix("best=")
+    levels = levels[levels.index(best):] if best in levels else []
+    print(f"isa: {cpu_ops.isa()}")
+    for n, k in GEMM_SHAPES:
+        ws = [torch.randn(n, k) for _ in range(layers)]
+        bf16 = [torch.ops.tokenmill.pack_bf16_panels(w.bfloat16()) for w in ws]
+        f32 = [torch.ops.tokenmill.pack_panels(w) for w in ws]
+        onednn = [torch.ops.mkldnn._reorder_linear_weight(w.bfloat16()) for w in ws]
+        for m in GEMM_ROWS:
+            x = torch.randn(m, k)
+            xb = x.bfloat16()
+            runs = [(f"bf16 {lv}", lv, lambda i: torch.ops.tokenmill.bf16_panel_linear(x, bf16[i], n, None))
+                    for lv in levels]
+            runs += [(f"f32 {lv}", lv, lambda i: torch.ops.tokenmill.panel_linear(x, f32[i], n, None))
+                     for lv in levels if lv != "avx512_bf16"]
+            runs.append(("oneDNN bf16", "auto",
+                         lambda i: torch.ops.mkldnn._linear_pointwise(xb, onednn[i], None, "none", [], "")))
+            rates = []
+            for name, level, fn in runs:
+                cpu_ops.set_isa(level)
+                s = min(_ms(lambda: [fn(i) for i in range(layers)], 2 if m > 128 else 5) for _ in range(3)) / 1e3 / layers
+                rates.append(f"{name} {2 * m * n * k / s / 1e9:5.0f}")
+            cpu_ops.set_isa("auto")
+            print(f"isa gemm {n}x{k} M={m:>4} GFLOP/s: " + ", ".join(rates))
+
+
 def prefill_attention(heads: int = 9, kv_heads: int = 3, d: int = 64) -> None:
     """A fresh prompt's causal self-attention per layer: our kernel vs SDPA in 128-query pieces
     (the path it replaced); GFLOP/s count only the unmasked half (4 * H * D * L^2 / 2)."""
@@ -93,6 +126,7 @@ def prefill_attention(heads: int = 9, kv_heads: int = 3, d: int = 64) -> None:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--only", default="attention,prefill,gemm,isa", help="comma-separated sections")
     args = p.parse_args(argv)
     from tokenmill.kernels import cpu_ops
     if not cpu_ops.load():
@@ -100,9 +134,12 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     if args.threads:
         torch.set_num_threads(args.threads)
-    attention()
-    prefill_attention()
-    gemm()
+    sections = {"attention": attention, "prefill": prefill_attention, "gemm": gemm, "isa": gemm_isa}
+    for name in args.only.split(","):
+        if name not in sections:
+            print(f"error: --only takes {', '.join(sections)}; got {name!r}", file=sys.stderr)
+            return 2
+        sections[name]()
     return 0
 
 

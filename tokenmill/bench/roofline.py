@@ -1,7 +1,9 @@
 """Where does the time go, against what the machine can do: the floors of issue "CPU performance".
 
 Measures in one run, with the engine's thread count:
-  peak      large torch.matmul GFLOP/s (the matmul floor) and tensor-copy GB/s (the bandwidth floor)
+  isa       the instruction-set paths our kernels chose on this CPU (kernels/csrc/cpu_isa.h)
+  peak      large torch.matmul GFLOP/s (the matmul floor), our panel GEMM's own at 2048 x 2048 x 2048
+            in the linear layers' format, and tensor-copy GB/s (the bandwidth floor)
   prefill   model FLOP/s during a prefill-only step, as a fraction of the matmul peak (MFU)
   decode    batch-1 decode: (weight + KV bytes read per token) / step time, as a fraction of copy GB/s
   overhead  at batch 64 decode: share of step time outside the model forward (scheduling, batch
@@ -43,6 +45,21 @@ def matmul_peak(dtype: torch.dtype, n: int = 2048) -> float:
     return 2 * n ** 3 / best_of(lambda: a @ b) / 1e9
 
 
+def panel_gemm_peak(dtype: torch.dtype, n: int = 2048) -> float | None:
+    """Our linear layers' GEMM (bf16 or float32 panels) on a large square problem."""
+    from tokenmill.kernels import cpu_ops
+    if not cpu_ops.load():
+        return None
+    x, w = torch.randn(n, n), torch.randn(n, n)
+    if dtype == torch.bfloat16:
+        packed = torch.ops.tokenmill.pack_bf16_panels(w.bfloat16())
+        fn = lambda: torch.ops.tokenmill.bf16_panel_linear(x, packed, n, None)  # noqa: E731
+    else:
+        packed = torch.ops.tokenmill.pack_panels(w)
+        fn = lambda: torch.ops.tokenmill.panel_linear(x, packed, n, None)  # noqa: E731
+    return 2 * n ** 3 / best_of(fn) / 1e9
+
+
 def copy_bandwidth(nbytes: int = 1 << 29) -> float:
     src = torch.ones(nbytes // 4)
     dst = torch.empty_like(src)
@@ -59,10 +76,18 @@ def model_flops_per_token(cfg, context: float) -> float:
 
 
 def weight_bytes(model) -> int:
-    embed = model.embed_tokens.weight
-    total = sum(p.numel() * p.element_size() for p in model.parameters())
-    if model.lm_head.weight is not embed:  # untied: the embedding table is not read per token
-        total -= embed.numel() * embed.element_size()
+    """Bytes of weights read per decoded token: every parameter as stored (a packed linear weight
+    in its packed dtype, not the shape-only placeholder left behind), except the embedding table (a
+    few rows per token; a tied lm_head reads it whole, counted there)."""
+    from tokenmill.models.linear import Linear
+    total = 0
+    for module in model.modules():
+        if module is model.embed_tokens:
+            continue
+        packed = getattr(module, "packed", None) if isinstance(module, Linear) else None
+        for name, p in module.named_parameters(recurse=False):
+            stored = packed if name == "weight" and packed is not None else p
+            total += stored.numel() * stored.element_size()
     return total
 
 
@@ -135,12 +160,17 @@ def run(args: argparse.Namespace) -> int:
     llm = LLM(dtype=args.dtype, max_num_batched_tokens=1024, enable_prefix_caching=False)
     engine = llm.llm_engine
     dtype = engine.runner.dtype
+    from tokenmill.kernels import cpu_ops
     res: dict = {"machine": machine(), "date": time.strftime("%Y-%m-%d %H:%M"), "dtype": str(dtype),
-                 "threads": torch.get_num_threads()}
+                 "threads": torch.get_num_threads(), "isa": cpu_ops.isa(),
+                 "linear": type(engine.runner.model.lm_head.quant_method).__name__}
     res["matmul_peak_gflops"] = matmul_peak(dtype)
+    res["panel_gemm_peak_gflops"] = panel_gemm_peak(dtype)
     res["copy_gbps"] = copy_bandwidth()
     pre = measure_prefill(llm)
-    res["prefill"] = {**pre, "mfu": pre["gflops"] / res["matmul_peak_gflops"]}
+    res["prefill"] = {**pre, "mfu": pre["gflops"] / res["matmul_peak_gflops"],
+                      "of_panel_peak": pre["gflops"] / res["panel_gemm_peak_gflops"]
+                      if res["panel_gemm_peak_gflops"] else None}
     one = measure_decode(llm, batch=1)
     ctx = 256 + 4
     bytes_per_token = weight_bytes(engine.runner.model) + ctx * engine.runner.kv_bytes_per_token

@@ -15,12 +15,24 @@ from pathlib import Path
 
 import torch
 
+from tokenmill.cpu import cpu_flags
+
 logger = logging.getLogger(__name__)
 
 _CSRC = Path(__file__).parent / "csrc"
-_SOURCES = [_CSRC / name for name in ("paged_decode.cpp", "layer_ops.cpp", "panel_gemm.cpp", "kv_store.cpp",
-                                      "prefill_attention.cpp")]
-_FLAGS = ["-O3", "-march=native", "-fopenmp", "-fopenmp-simd", "-ffp-contract=fast"]
+_SOURCES = [_CSRC / name for name in ("cpu_isa.cpp", "paged_decode.cpp", "layer_ops.cpp", "panel_gemm.cpp",
+                                      "bf16_gemm.cpp", "gemm_avx512.cpp", "kv_store.cpp", "prefill_attention.cpp")]
+
+
+def _baseline_flags() -> list[str]:
+    """x86-64-v3 (AVX2 + FMA, every x86 server since 2013) where this CPU has it, else the compiler's
+    default. Never -march=native: the AVX-512 paths are compiled in their own units under a target
+    pragma and chosen at run time (csrc/cpu_isa.h), so the cached library also runs on a CPU without
+    them (a shared home directory, a migrated VM, a wheel)."""
+    return ["-mavx2", "-mfma", "-mf16c"] if {"avx2", "fma", "f16c"} <= cpu_flags() else []
+
+
+_FLAGS = ["-O3", *_baseline_flags(), "-fopenmp", "-fopenmp-simd", "-ffp-contract=fast"]
 _lock = threading.Lock()
 _state: dict[str, bool] = {}
 
@@ -53,14 +65,24 @@ def _build() -> bool:
                            extra_ldflags=["-fopenmp"], is_python_module=False, verbose=False)
         ok = _registered()
         if ok:
-            logger.info("C++ CPU kernels %s (%s): paged decode and prefill attention, panel GEMM, fused layer "
-                        "ops, KV store; built with %s", "loaded" if cached else
-                        f"compiled in {time.monotonic() - t0:.0f} s", name, " ".join(_FLAGS[:2]))
+            logger.info("C++ CPU kernels %s (%s): paged decode and prefill attention, float32 and bf16 panel "
+                        "GEMM, fused layer ops, KV store; baseline %s, run-time ISA: %s", "loaded" if cached else
+                        f"compiled in {time.monotonic() - t0:.0f} s", name, " ".join(_baseline_flags()) or "generic",
+                        torch.ops.tokenmill.cpu_isa())
         return ok
     except Exception as e:  # no compiler, no ninja, a build error: fall back, say why once
         logger.warning("tokenmill C++ CPU kernels unavailable (%s: %s); using the slower PyTorch ops instead",
                        type(e).__name__, str(e).splitlines()[0] if str(e) else "")
         return False
+
+
+def library_path() -> Path | None:
+    """The built library of this source version, if it is there."""
+    from torch.utils import cpp_extension
+    name = f"tokenmill_cpu_ops_{_build_tag()}"
+    folder = _build_folder(cpp_extension, name)
+    path = folder / f"{name}.so" if folder else None
+    return path if path and path.is_file() else None
 
 
 def _build_folder(cpp_extension, name: str) -> Path | None:
@@ -71,17 +93,11 @@ def _build_folder(cpp_extension, name: str) -> Path | None:
 
 
 def _build_tag() -> str:
-    """The build folder's name: one per CPU, source location and source content. -march=native code
-    must not be reused on another CPU (a shared home directory, a migrated VM); torch rebuilds in
-    place when a .cpp changes but not when a header does, and two installs (a checkout and a wheel)
-    sharing one folder would rebuild over each other's sources: a new folder for each avoids all
-    three."""
+    """The build folder's name: one per baseline ISA (in the flags), source location and source
+    content. torch rebuilds in place when a .cpp changes but not when a header does, and two installs
+    (a checkout and a wheel) sharing one folder would rebuild over each other's sources: a new folder
+    for each avoids both."""
     digest = hashlib.sha256()
-    try:
-        with open("/proc/cpuinfo") as f:
-            digest.update("".join(line for line in f if line.startswith(("model name", "flags"))).encode())
-    except OSError:
-        pass
     digest.update(str(_CSRC.resolve()).encode())
     digest.update(" ".join(_FLAGS).encode())
     for path in sorted(_CSRC.iterdir()):
@@ -97,8 +113,27 @@ def _registered() -> bool:
         return False
 
 
-_OPS = ("paged_decode", "fused_add_rms_norm", "rms_norm", "silu_and_mul", "rotary_", "pack_panels",
-        "panel_linear", "store_kv", "prefill_attention")
+_OPS = ("cpu_isa", "set_cpu_isa", "paged_decode", "fused_add_rms_norm", "rms_norm", "silu_and_mul", "rotary_",
+        "pack_panels", "panel_linear", "pack_bf16_panels", "bf16_panel_linear", "store_kv", "prefill_attention")
+
+
+def isa() -> str:
+    """The kernels' instruction-set report: "level=avx512_bf16 best=avx512_bf16 features=avx2,fma,..."
+    ("unavailable" without the kernels)."""
+    return torch.ops.tokenmill.cpu_isa() if load() else "unavailable"
+
+
+def isa_level() -> str:
+    """The level kernels dispatch to now: avx512_bf16, avx512, avx2 or scalar."""
+    return isa().split()[0].removeprefix("level=") if load() else "unavailable"
+
+
+def set_isa(cap: str) -> str:
+    """Cap the run-time ISA (auto, avx512_bf16, avx512, avx2, scalar); returns the level now used.
+    Tests and benchmarks compare the paths this way in one process."""
+    if not load():
+        raise RuntimeError("the C++ CPU kernels are not available")
+    return torch.ops.tokenmill.set_cpu_isa(cap)
 
 
 def paged_decode(q: torch.Tensor, kv_cache: tuple[torch.Tensor, ...], block_tables: torch.Tensor,

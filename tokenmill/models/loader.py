@@ -41,8 +41,10 @@ def _default_dtype(dtype: torch.dtype):
 def build_model(cfg: ModelConfig, folder: str | Path, dtype: torch.dtype, max_positions: int,
                 quant: QuantConfig | None = None) -> CausalLM:
     cls = get_model_class(cfg.architecture)
-    with torch.device("meta"), _default_dtype(dtype):
-        model = cls(cfg, max_positions, quant or QuantConfig(dtype))
+    quant = quant or QuantConfig(dtype)
+    # bf16 panel weights keep float32 activations around them (quant/unquantized.py)
+    with torch.device("meta"), _default_dtype(quant.activation_dtype):
+        model = cls(cfg, max_positions, quant)
     model = model.to_empty(device="cpu")
     model.tie_weights()
     loaded = model.load_weights(iter_safetensors(folder))

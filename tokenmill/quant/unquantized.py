@@ -4,6 +4,11 @@
   panels for `torch.ops.tokenmill.panel_linear`. On a 2-core AVX2 machine it matches or beats
   oneDNN at every batch size (docs/BENCHMARKS.md, "GEMM").
 - `OneDNNLinearMethod` (float32 without our kernels): oneDNN's blocked layout, prepacked once.
+- `Bf16PanelLinearMethod` (bfloat16 with our C++ kernels): bf16 weights packed once into 32-column
+  panels for `torch.ops.tokenmill.bf16_panel_linear`, float32 activations in and out; the kernel
+  picks AVX512_BF16 dot products, AVX-512 or AVX2 widening at run time (kernels/csrc/cpu_isa.h).
+  The model around it then runs float32 activations (norms, RoPE, attention on float32 rows, the
+  residual stream never rounded to bf16) while weights and the KV cache are bf16.
 - `PlainLinearMethod` (every other dtype): F.linear.
 
 The packing methods free the plain weight after packing (a shape-only meta tensor stays, so
@@ -67,6 +72,20 @@ class PanelLinearMethod(_PackedLinearMethod):
         return torch.ops.tokenmill.panel_linear(x, packed, layer.out_features, layer.bias)
 
 
+class Bf16PanelLinearMethod(_PackedLinearMethod):
+    def pack(self, weight: torch.Tensor) -> torch.Tensor:
+        return torch.ops.tokenmill.pack_bf16_panels(weight.to(torch.bfloat16))  # [out/32, in/2, 32, 2]
+
+    def apply(self, layer: Linear, x: torch.Tensor) -> torch.Tensor:
+        packed = getattr(layer, "packed", None)
+        if packed is None or x.dim() != 2:
+            return F.linear(x, layer.weight, layer.bias)
+        return self.apply_packed(layer, x, packed)
+
+    def apply_packed(self, layer: Linear, x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
+        return torch.ops.tokenmill.bf16_panel_linear(x, packed, layer.out_features, layer.bias)
+
+
 class OneDNNLinearMethod(_PackedLinearMethod):
     def pack(self, weight: torch.Tensor) -> torch.Tensor:
         return torch.ops.mkldnn._reorder_linear_weight(weight)
@@ -76,12 +95,20 @@ class OneDNNLinearMethod(_PackedLinearMethod):
 
 
 class UnquantizedConfig:
-    """Picks the fastest method for the model dtype on this machine."""
+    """Picks the fastest method for the model dtype on this machine, and the dtype the model's
+    activations then run in (`activation_dtype`: float32 around bf16 panel weights)."""
 
     def __init__(self, dtype: torch.dtype) -> None:
         self.dtype = dtype
+        self.bf16_panels = dtype == torch.bfloat16 and cpu_ops.load()
+
+    @property
+    def activation_dtype(self) -> torch.dtype:
+        return torch.float32 if self.bf16_panels else self.dtype
 
     def get_linear_method(self, prefix: str) -> LinearMethod:
+        if self.bf16_panels:
+            return Bf16PanelLinearMethod()
         if self.dtype == torch.float32:
             if cpu_ops.load():
                 return PanelLinearMethod()

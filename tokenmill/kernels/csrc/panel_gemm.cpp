@@ -1,4 +1,5 @@
-// Panel-packed float32 GEMM for every linear layer: y[M, N] = x[M, K] @ W[N, K]^T (+ bias).
+// Panel-packed float32 GEMM for every linear layer (AVX2 micro-kernel here, the AVX-512 one in
+// gemm_avx512.cpp where the CPU has it): y[M, N] = x[M, K] @ W[N, K]^T (+ bias).
 //
 // The weight is packed once, at load, into panels of 16 output columns: P[N/16][K][16] (the last
 // panel zero-padded). A panel is read sequentially, so at small M the kernel streams the weight at
@@ -12,6 +13,8 @@
 
 #include <algorithm>
 
+#include "cpu_isa.h"
+#include "gemm_isa.h"
 #include "gemm_micro.h"
 
 namespace {
@@ -59,14 +62,18 @@ at::Tensor panel_linear(const at::Tensor& x, const at::Tensor& packed, int64_t N
   // Each thread owns a range of panels; rows go in chunks whose x slice stays in L2 while the
   // thread's panels stream past it (the weight is read once per chunk, once in all at decode sizes).
   constexpr int64_t kChunkRows = 96;
+  const bool avx512 = tokenmill_isa::active_level() >= tokenmill_isa::Level::kAvx512;
   at::parallel_for(0, panels, 4, [&](int64_t begin, int64_t end) {
     for (int64_t c0 = 0; c0 < M; c0 += kChunkRows) {
       const int64_t rows_c = std::min(kChunkRows, M - c0);
       for (int64_t pi = begin; pi < end; ++pi) {
         const int64_t n0 = pi * NR, ncols = std::min(NR, N - n0);
         const float* panel = pp + pi * K * NR;
-        tokenmill_gemm::panel_rows<false>(xp + c0 * K, K, rows_c, K, panel, b ? b + n0 : nullptr, yp + c0 * N + n0, N,
-                                          ncols);
+        if (avx512)
+          tm_avx512::f32_panel_rows(xp + c0 * K, K, rows_c, K, panel, b ? b + n0 : nullptr, yp + c0 * N + n0, N, ncols);
+        else
+          tokenmill_gemm::panel_rows<false>(xp + c0 * K, K, rows_c, K, panel, b ? b + n0 : nullptr, yp + c0 * N + n0,
+                                            N, ncols);
       }
     }
   });

@@ -19,12 +19,26 @@
 #include <limits>
 #include <vector>
 
+#include "cpu_isa.h"
+#include "gemm_isa.h"
 #include "gemm_micro.h"
 
 namespace {
 
 using tokenmill_gemm::NR;
-using tokenmill_gemm::panel_rows;
+
+// S = Q K^T and O += P V blocks: the AVX-512 micro-kernel where the CPU has it (gemm_avx512.cpp)
+void s_rows(bool avx512, const float* x, int64_t lda, int64_t M, int64_t K, const float* panel, float* y,
+            int64_t ldy, int64_t ncols) {
+  if (avx512) tm_avx512::f32_panel_rows(x, lda, M, K, panel, nullptr, y, ldy, ncols);
+  else tokenmill_gemm::panel_rows<false>(x, lda, M, K, panel, nullptr, y, ldy, ncols);
+}
+
+void o_rows(bool avx512, const float* x, int64_t lda, int64_t M, int64_t K, const float* panel, float* y,
+            int64_t ldy, int64_t ncols) {
+  if (avx512) tm_avx512::f32_panel_rows_acc(x, lda, M, K, panel, y, ldy, ncols);
+  else tokenmill_gemm::panel_rows<true>(x, lda, M, K, panel, nullptr, y, ldy, ncols);
+}
 
 constexpr int64_t QB = 32;  // queries per task and head
 constexpr int64_t KB = 64;  // keys per block (4 panels)
@@ -45,6 +59,7 @@ void attend_block(const float* q, const float* kp, const float* vp, int64_t Lk16
                   int64_t q0, int64_t nq, int64_t h, int64_t G, int64_t D, const int64_t qs[2], int64_t H,
                   float scale, Scratch& w) {
   const int64_t M = G * nq, dpanels = (D + NR - 1) / NR;
+  const bool avx512 = tokenmill_isa::active_level() >= tokenmill_isa::Level::kAvx512;
   w.q.resize(M * D);
   w.s.resize(M * KB);
   w.o.assign(M * D, 0.f);
@@ -60,8 +75,8 @@ void attend_block(const float* q, const float* kp, const float* vp, int64_t Lk16
   for (int64_t kb0 = 0; kb0 < kend; kb0 += KB) {
     const int64_t nk = std::min(KB, kend - kb0);
     for (int64_t p = 0; p * NR < nk; ++p)
-      panel_rows<false>(w.q.data(), D, M, D, kp + (kb0 / NR + p) * D * NR, nullptr, w.s.data() + p * NR, KB,
-                        std::min(NR, nk - p * NR));
+      s_rows(avx512, w.q.data(), D, M, D, kp + (kb0 / NR + p) * D * NR, w.s.data() + p * NR, KB,
+             std::min(NR, nk - p * NR));
     for (int64_t r = 0; r < M; ++r) {
       const int64_t pos = context + q0 + r % nq;                        // the row's absolute position
       const int64_t n = std::clamp<int64_t>(pos - kb0 + 1, 0, nk);     // keys it may see in this block
@@ -80,8 +95,8 @@ void attend_block(const float* q, const float* kp, const float* vp, int64_t Lk16
       }
     }
     for (int64_t p = 0; p < dpanels; ++p)
-      panel_rows<true>(w.s.data(), KB, M, nk, vp + (p * Lk16 + kb0) * NR, nullptr, w.o.data() + p * NR, D,
-                       std::min(NR, D - p * NR));
+      o_rows(avx512, w.s.data(), KB, M, nk, vp + (p * Lk16 + kb0) * NR, w.o.data() + p * NR, D,
+             std::min(NR, D - p * NR));
   }
   for (int64_t g = 0; g < G; ++g)
     for (int64_t i = 0; i < nq; ++i) {

@@ -1,0 +1,121 @@
+"""Online, side by side: `tokenmill serve` then vLLM's OpenAI server (CPU backend, its own virtualenv),
+each measured by `tokenmill bench serve` with the same workloads, request rates and seed, one after
+the other in one run; then `tokenmill bench compare` per workload.
+
+    python benchmarks/compare_vllm_serve.py --peer-venv /opt/vllm-venv [--dtype auto] \\
+        [--workloads chat,long-short-mix] [--sweep 1,2,4] [--num-requests 60] [--out out/serve-vs-vllm]
+
+Both servers get the default model's HF folder, the same dtype (auto: bfloat16 on AVX-512 bf16 CPUs,
+as each engine decides; vLLM is given the dtype tokenmill resolved, so both compute in the same one),
+max_model_len 2048, and both cores (vLLM: tcmalloc and libiomp5 preloaded, OpenMP threads bound to
+this process's cores, 4 GiB KV cache, as its CPU docs advise; the flags are recorded in
+vllm_flags.json). Server start-up is never measured. Prompts are text, exact lengths by the model's
+tokenizer; `ignore_eos` is sent to both (both accept it).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from benchmarks.compare_vllm import PeerUnavailable, peer_env, peer_python  # noqa: E402
+
+
+def wait_ready(base_url: str, proc: subprocess.Popen, timeout_s: float) -> float:
+    start = time.monotonic()
+    while time.monotonic() - start < timeout_s:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode} before it was ready")
+        try:
+            with urllib.request.urlopen(f"{base_url}/v1/models", timeout=5) as r:
+                if r.status == 200:
+                    return time.monotonic() - start
+        except OSError:
+            time.sleep(2)
+    raise TimeoutError(f"server not ready after {timeout_s:.0f} s")
+
+
+def stop(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def bench(base_url: str, workload: str, sweep: str, num_requests: int, tokenizer: str, out: Path) -> None:
+    cmd = [sys.executable, "-m", "tokenmill.bench.serve", "serve", "--base-url", base_url, "--workload", workload,
+           "--sweep", sweep, "--num-requests", str(num_requests), "--tokenizer", tokenizer, "--seed", "0",
+           "--out", str(out), "--disable-tqdm"]
+    subprocess.run(cmd, check=True, cwd=REPO)
+
+
+def serve_and_bench(name: str, cmd: list[str], env: dict, port: int, args, tokenizer: str, log: Path,
+                    start_timeout_s: float) -> dict:
+    base_url = f"http://127.0.0.1:{port}"
+    with open(log, "w") as f:
+        proc = subprocess.Popen(cmd, env=env, stdout=f, stderr=subprocess.STDOUT, cwd=REPO)
+        try:
+            started = wait_ready(base_url, proc, start_timeout_s)
+            print(f"{name}: ready in {started:.0f} s (not counted)", flush=True)
+            for workload in args.workloads.split(","):
+                bench(base_url, workload, args.sweep, args.num_requests, tokenizer, args.out / name / workload)
+        finally:
+            stop(proc)
+    return {"start_s": started, "cmd": cmd}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--peer-venv", required=True)
+    p.add_argument("--dtype", default="auto")
+    p.add_argument("--workloads", default="chat,long-short-mix")
+    p.add_argument("--sweep", default="1,2,4")
+    p.add_argument("--num-requests", type=int, default=60)
+    p.add_argument("--max-model-len", type=int, default=2048)
+    p.add_argument("--out", type=Path, default=Path("out") / f"serve-vs-vllm-{time.strftime('%Y%m%d-%H%M')}")
+    args = p.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+
+    from tokenmill.engine.resolve import resolve_dtype
+    from tokenmill.models.default_model import resolve_default_model
+    folder = str(resolve_default_model())
+    dtype = resolve_dtype(args.dtype)
+    try:
+        vllm_py = peer_python(args.peer_venv)
+    except PeerUnavailable as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+
+    ours_cmd = [sys.executable, "-m", "tokenmill.cli", "serve", "--model", folder, "--port", "8011", "--dtype", dtype,
+                "--max-model-len", str(args.max_model_len), "--disable-log-stats"]
+    peer_cmd = [str(vllm_py), "-m", "vllm.entrypoints.openai.api_server", "--model", folder, "--port", "8012",
+                "--dtype", dtype, "--max-model-len", str(args.max_model_len), "--seed", "0",
+                "--disable-log-stats"]
+    env_peer = peer_env(args.peer_venv, kvcache_gib=4, preload=True)
+    record = {"date": time.strftime("%Y-%m-%d %H:%M"), "dtype": dtype, "argv": sys.argv,
+              "vllm_env": {k: env_peer[k] for k in ("LD_PRELOAD", "VLLM_CPU_OMP_THREADS_BIND",
+                                                    "VLLM_CPU_KVCACHE_SPACE") if k in env_peer}}
+    record["tokenmill"] = serve_and_bench("tokenmill", ours_cmd, dict(os.environ), 8011, args, folder,
+                                          args.out / "tokenmill.log", 300)
+    record["vllm"] = serve_and_bench("vllm", peer_cmd, env_peer, 8012, args, folder, args.out / "vllm.log", 900)
+    (args.out / "vllm_flags.json").write_text(json.dumps(record, indent=2))
+    for workload in args.workloads.split(","):
+        print(f"\n=== {workload}: A = tokenmill, B = vLLM ===", flush=True)
+        subprocess.run([sys.executable, "-m", "tokenmill.bench.serve", "compare",
+                        str(args.out / "tokenmill" / workload), str(args.out / "vllm" / workload)], cwd=REPO)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,127 @@
+"""Run-time ISA dispatch of our C++ kernels: every level this CPU can run gives the reference result
+(bf16 GEMM against a float64 product of the same bf16 weights: 1e-5 relative to the largest output
+for the float32-activation paths, 1e-5 too for the AVX512_BF16 path against bf16-rounded x, since
+both sum exact products in float32), levels are capped as asked, and the built library keeps
+AVX-512 instructions inside the functions that are only called on AVX-512 CPUs."""
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tokenmill.kernels import cpu_ops
+
+pytestmark = pytest.mark.skipif(not cpu_ops.load(), reason="C++ kernels unavailable here")
+LEVELS = ["avx512_bf16", "avx512", "avx2", "scalar"]
+
+
+def runnable_levels() -> list[str]:
+    best = cpu_ops.isa().split()[1].removeprefix("best=")
+    return LEVELS[LEVELS.index(best):]
+
+
+@pytest.fixture
+def restore_isa():
+    yield
+    cpu_ops.set_isa("auto")
+
+
+def rel_err(y: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((y.double() - ref).abs().max() / ref.abs().max()).item()
+
+
+@pytest.mark.parametrize("level", LEVELS)
+@pytest.mark.parametrize("m,n,k", [(1, 37, 19), (5, 64, 576), (13, 100, 33), (30, 70, 128)])
+def test_bf16_panel_linear_every_level(level, m, n, k, restore_isa):
+    if level not in runnable_levels():
+        pytest.skip(f"this CPU cannot run {level} ({cpu_ops.isa()})")
+    assert cpu_ops.set_isa(level) == level
+    g = torch.Generator().manual_seed(m * 1000 + n + k)
+    w, x, bias = torch.randn(n, k, generator=g).bfloat16(), torch.randn(m, k, generator=g), torch.randn(n, generator=g)
+    packed = torch.ops.tokenmill.pack_bf16_panels(w)
+    y = torch.ops.tokenmill.bf16_panel_linear(x, packed, n, bias)
+    assert y.dtype == torch.float32 and y.shape == (m, n)
+    xr = x.bfloat16() if level == "avx512_bf16" else x  # the dot-product path rounds x to bf16 first
+    ref = F.linear(xr.double(), w.double(), bias.double())
+    assert rel_err(y, ref) < 1e-5
+    y_nobias = torch.ops.tokenmill.bf16_panel_linear(x.bfloat16(), packed, n, None)  # bf16 x accepted too
+    assert rel_err(y_nobias, F.linear(x.bfloat16().double(), w.double())) < 1e-5
+
+
+@pytest.mark.parametrize("level", ["avx512", "avx2"])
+@pytest.mark.parametrize("m", [1, 2, 4, 7, 15, 40])
+def test_float32_panel_linear_every_level(level, m, restore_isa):
+    if level not in runnable_levels():
+        pytest.skip(f"this CPU cannot run {level}")
+    cpu_ops.set_isa(level)
+    g = torch.Generator().manual_seed(m)
+    w, x, bias = torch.randn(50, 67, generator=g), torch.randn(m, 67, generator=g), torch.randn(50, generator=g)
+    y = torch.ops.tokenmill.panel_linear(x, torch.ops.tokenmill.pack_panels(w), 50, bias)
+    assert rel_err(y, F.linear(x.double(), w.double(), bias.double())) < 1e-5
+
+
+def test_set_isa_caps_at_what_the_cpu_has(restore_isa):
+    best = runnable_levels()[0]
+    assert cpu_ops.set_isa("auto") == best
+    assert cpu_ops.set_isa("scalar") == "scalar"
+    assert cpu_ops.isa_level() == "scalar"
+    assert cpu_ops.set_isa("avx512_bf16") == best  # never above the CPU
+    with pytest.raises(RuntimeError, match="avx512_bf16, avx512, avx2, scalar"):
+        cpu_ops.set_isa("sse9")
+
+
+def test_env_cap_is_read_at_load():
+    code = "from tokenmill.kernels import cpu_ops; cpu_ops.load(); print(cpu_ops.isa_level())"
+    env = {**os.environ, "TOKENMILL_CPU_ISA": "scalar"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split()[-1] == "scalar"
+
+
+def test_store_kv_rounds_float32_into_a_bf16_cache_like_torch():
+    """Bit-exact with torch's float32 -> bfloat16 conversion (round to nearest even)."""
+    cache_k, cache_v = torch.zeros(8, 2, 20, dtype=torch.bfloat16), torch.zeros(8, 2, 20, dtype=torch.bfloat16)
+    qkv = torch.randn(3, 2 * 2 * 20) * 100
+    qkv[0, :3] = torch.tensor([float("nan"), float("inf"), 1.00390625])  # a tie rounds to even
+    k, v = qkv[:, :40].view(3, 2, 20), qkv[:, 40:].view(3, 2, 20)  # strided views, as from the qkv output
+    slots = torch.tensor([5, 0, 7])
+    want_k, want_v = k.bfloat16(), v.bfloat16()
+    torch.ops.tokenmill.store_kv(cache_k, cache_v, k, v, slots)
+    # the inputs are rounded in place too: this step's attention sees what the cache holds
+    for got, want in ((cache_k[slots], want_k), (cache_v[slots], want_v), (k.bfloat16(), want_k),
+                      (v.bfloat16(), want_v)):
+        assert torch.equal(got.isnan(), want.isnan())  # NaN stays NaN (its payload may differ)
+        finite = ~want.isnan()
+        assert torch.equal(got[finite].view(torch.int16), want[finite].view(torch.int16))  # bit-exact otherwise
+    assert torch.equal(k[1:], want_k[1:].float())
+    assert cache_k[1].abs().sum() == 0  # untouched slots stay zero
+    with pytest.raises(RuntimeError, match="outside the cache"):
+        torch.ops.tokenmill.store_kv(cache_k, cache_v, k, v, torch.tensor([5, 0, 8]))
+
+
+def _functions_using_zmm(objdump_text: str) -> set[str]:
+    users, current = set(), None
+    for line in objdump_text.splitlines():
+        head = re.match(r"^[0-9a-f]+ <(.+)>:$", line)
+        if head:
+            current = head.group(1)
+        elif current and "zmm" in line:
+            users.add(current)
+    return users
+
+
+@pytest.mark.skipif(shutil.which("objdump") is None, reason="objdump (binutils) not installed")
+def test_avx512_code_stays_inside_the_dispatched_functions():
+    """An inline function of a shared header compiled under the AVX-512 pragma could be the copy the
+    linker keeps for the whole library, and fault on an AVX2-only CPU: none may use zmm registers."""
+    path = cpu_ops.library_path()
+    assert path is not None
+    text = subprocess.run(["objdump", "-d", "--no-show-raw-insn", "-C", str(path)], capture_output=True, text=True,
+                          timeout=300, check=True).stdout
+    users = _functions_using_zmm(text)
+    assert any("tm_avx512" in f for f in users)  # the AVX-512 kernels are there ...
+    assert [f for f in users if "tm_avx512" not in f] == []  # ... and nothing else uses AVX-512

@@ -1,0 +1,192 @@
+// bf16-weight GEMM for every linear layer when the model dtype is bfloat16:
+// y[M, N] (float32) = x[M, K] @ W[N, K]^T (+ bias), W packed once at load into bf16 panels of 32
+// output columns (gemm_isa.h). Activations stay float32 around it (norms, RoPE, attention run on
+// float32 rows); the bf16 weights halve the bytes a decode step streams. The per-call path follows
+// the active ISA level (cpu_isa.h):
+//   avx512_bf16: x rounded to bf16 once per call, vdpbf16ps (gemm_avx512.cpp)
+//   avx512 / avx2: bf16 weights widened to float32 in registers, float32 FMA
+//   scalar: the same arithmetic in plain C++ (any CPU)
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "cpu_isa.h"
+#include "gemm_isa.h"
+
+#ifdef __AVX2__
+#include <immintrin.h>
+#endif
+
+namespace {
+
+using tokenmill_gemm::kBf16PanelCols;
+using tokenmill_gemm::kBf16PanelPairStride;
+
+inline float bf16_to_float(uint16_t b) {
+  const uint32_t u = static_cast<uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof(f));
+  return f;
+}
+
+}  // namespace
+
+namespace tm_scalar {
+void bf16_panel_rows(const float* x, int64_t lda, int64_t M, int64_t K, const uint16_t* panel, const float* bias,
+                     float* y, int64_t ldy, int64_t ncols) {
+  for (int64_t r = 0; r < M; ++r)
+    for (int64_t j = 0; j < ncols; ++j) {
+      float acc = 0.f;
+      for (int64_t k = 0; k < K; ++k) acc += x[r * lda + k] * bf16_to_float(panel[(k / 2) * kBf16PanelPairStride + 2 * j + (k & 1)]);
+      y[r * ldy + j] = bias ? acc + bias[j] : acc;
+    }
+}
+}  // namespace tm_scalar
+
+namespace tm_avx2 {
+#ifdef __AVX2__
+namespace {
+// An MR x 16 block (one half of a 32-column panel): 2 x 8 lanes, each lane a (k, k+1) pair widened
+// by a shift (k) and a mask (k+1).
+template <int MR>
+void half_kernel(const float* x, int64_t lda, int64_t K, const uint16_t* p, const float* bias, float* y, int64_t ldy,
+                 int64_t ncols) {
+  __m256 c0[MR], c1[MR];
+  for (int r = 0; r < MR; ++r) c0[r] = c1[r] = _mm256_setzero_ps();
+  const __m256i hi = _mm256_set1_epi32(static_cast<int32_t>(0xFFFF0000u));
+  const int64_t pairs = (K + 1) / 2;
+  for (int64_t kk = 0; kk < pairs; ++kk) {
+    const uint16_t* pk = p + kk * kBf16PanelPairStride;
+    const __m256i v0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(pk));
+    const __m256i v1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(pk + 16));
+    const __m256 e0 = _mm256_castsi256_ps(_mm256_slli_epi32(v0, 16)), o0 = _mm256_castsi256_ps(_mm256_and_si256(v0, hi));
+    const __m256 e1 = _mm256_castsi256_ps(_mm256_slli_epi32(v1, 16)), o1 = _mm256_castsi256_ps(_mm256_and_si256(v1, hi));
+    const bool odd = 2 * kk + 1 < K;
+#pragma GCC unroll 4
+    for (int r = 0; r < MR; ++r) {
+      const __m256 a = _mm256_broadcast_ss(x + r * lda + 2 * kk);
+      c0[r] = _mm256_fmadd_ps(a, e0, c0[r]);
+      c1[r] = _mm256_fmadd_ps(a, e1, c1[r]);
+      if (odd) {
+        const __m256 a2 = _mm256_broadcast_ss(x + r * lda + 2 * kk + 1);
+        c0[r] = _mm256_fmadd_ps(a2, o0, c0[r]);
+        c1[r] = _mm256_fmadd_ps(a2, o1, c1[r]);
+      }
+    }
+  }
+  alignas(32) float tmp[16];
+  for (int r = 0; r < MR; ++r) {
+    _mm256_store_ps(tmp, c0[r]);
+    _mm256_store_ps(tmp + 8, c1[r]);
+    for (int64_t j = 0; j < ncols; ++j) y[r * ldy + j] = bias ? tmp[j] + bias[j] : tmp[j];
+  }
+}
+
+using HalfFn = void (*)(const float*, int64_t, int64_t, const uint16_t*, const float*, float*, int64_t, int64_t);
+constexpr HalfFn kHalf[] = {nullptr, half_kernel<1>, half_kernel<2>, half_kernel<3>, half_kernel<4>};
+}  // namespace
+#endif
+
+void bf16_panel_rows(const float* x, int64_t lda, int64_t M, int64_t K, const uint16_t* panel, const float* bias,
+                     float* y, int64_t ldy, int64_t ncols) {
+#ifdef __AVX2__
+  for (int64_t h = 0; h < 2 && h * 16 < ncols; ++h) {
+    const int64_t cols = std::min<int64_t>(16, ncols - h * 16);
+    for (int64_t r0 = 0; r0 < M; r0 += 4) {
+      const int64_t rows = std::min<int64_t>(4, M - r0);
+      kHalf[rows](x + r0 * lda, lda, K, panel + h * 32, bias ? bias + h * 16 : nullptr, y + r0 * ldy + h * 16, ldy,
+                  cols);
+    }
+  }
+#else
+  tm_scalar::bf16_panel_rows(x, lda, M, K, panel, bias, y, ldy, ncols);
+#endif
+}
+}  // namespace tm_avx2
+
+namespace {
+
+// W [N, K] bf16 -> P[N/32][K2][32][2] bf16, zero-padded
+at::Tensor pack_bf16_panels(const at::Tensor& weight) {
+  TORCH_CHECK(weight.scalar_type() == at::kBFloat16 && weight.dim() == 2, "weight: [N, K] bfloat16");
+  auto w = weight.contiguous();
+  const int64_t N = w.size(0), K = w.size(1), panels = (N + kBf16PanelCols - 1) / kBf16PanelCols, K2 = (K + 1) / 2;
+  auto packed = at::zeros({panels, K2, kBf16PanelCols, 2}, w.options());
+  const auto* src = reinterpret_cast<const uint16_t*>(w.data_ptr<at::BFloat16>());
+  auto* dst = reinterpret_cast<uint16_t*>(packed.data_ptr<at::BFloat16>());
+  at::parallel_for(0, panels, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t pi = begin; pi < end; ++pi)
+      for (int64_t j = 0; j < std::min(kBf16PanelCols, N - pi * kBf16PanelCols); ++j) {
+        const uint16_t* row = src + (pi * kBf16PanelCols + j) * K;
+        uint16_t* col = dst + pi * K2 * kBf16PanelPairStride + 2 * j;
+        for (int64_t k = 0; k < K; ++k) col[(k / 2) * kBf16PanelPairStride + (k & 1)] = row[k];
+      }
+  });
+  return packed;
+}
+
+at::Tensor bf16_panel_linear(const at::Tensor& x, const at::Tensor& packed, int64_t N,
+                             const c10::optional<at::Tensor>& bias) {
+  TORCH_CHECK(x.dim() == 2 && (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16),
+              "x: [M, K] float32 or bfloat16");
+  TORCH_CHECK(packed.scalar_type() == at::kBFloat16 && packed.dim() == 4 && packed.size(2) == kBf16PanelCols &&
+                  packed.size(3) == 2 && packed.is_contiguous(), "packed: [N/32, K/2, 32, 2] bfloat16");
+  const int64_t M = x.size(0), K = x.size(1), panels = packed.size(0);
+  TORCH_CHECK(packed.size(1) == (K + 1) / 2 && panels == (N + kBf16PanelCols - 1) / kBf16PanelCols,
+              "packed does not hold [", N, ", ", K, "]");
+  auto y = at::empty({M, N}, x.options().dtype(at::kFloat));
+  at::Tensor bc;
+  const float* b = nullptr;
+  if (bias.has_value() && bias->defined()) {
+    bc = bias->to(at::kFloat).contiguous();
+    TORCH_CHECK(bc.numel() == N, "bias: [N]");
+    b = bc.data_ptr<float>();
+  }
+  if (M == 0) return y;
+  const auto level = tokenmill_isa::active_level();
+  const bool dp = level == tokenmill_isa::Level::kAvx512Bf16;
+  // the dot-product path reads bf16 rows; the widening paths float32 rows
+  const at::Tensor xc = (dp ? x.to(at::kBFloat16) : x.to(at::kFloat)).contiguous();
+  const auto* pp = reinterpret_cast<const uint16_t*>(packed.data_ptr<at::BFloat16>());
+  float* yp = y.data_ptr<float>();
+  const int64_t panel_size = packed.size(1) * kBf16PanelPairStride;
+  // rows per pass over the weights: an x slice of ~384 KiB stays in L2 while a thread's panels stream past
+  const int64_t kChunkRows = std::clamp<int64_t>((384 << 10) / (K * 4), 48, 1024);
+  at::parallel_for(0, panels, 2, [&](int64_t begin, int64_t end) {
+    for (int64_t c0 = 0; c0 < M; c0 += kChunkRows) {
+      const int64_t rows = std::min(kChunkRows, M - c0);
+      for (int64_t pi = begin; pi < end; ++pi) {
+        const int64_t n0 = pi * kBf16PanelCols, ncols = std::min(kBf16PanelCols, N - n0);
+        const uint16_t* panel = pp + pi * panel_size;
+        const float* bp = b ? b + n0 : nullptr;
+        float* yb = yp + c0 * N + n0;
+        if (dp) {
+          const auto* xb = reinterpret_cast<const uint16_t*>(xc.data_ptr<at::BFloat16>()) + c0 * K;
+          tm_avx512_bf16::bf16_panel_rows(xb, K, rows, K, panel, bp, yb, N, ncols);
+        } else if (level == tokenmill_isa::Level::kAvx512) {
+          tm_avx512::bf16_panel_rows(xc.data_ptr<float>() + c0 * K, K, rows, K, panel, bp, yb, N, ncols);
+        } else if (level == tokenmill_isa::Level::kAvx2) {
+          tm_avx2::bf16_panel_rows(xc.data_ptr<float>() + c0 * K, K, rows, K, panel, bp, yb, N, ncols);
+        } else {
+          tm_scalar::bf16_panel_rows(xc.data_ptr<float>() + c0 * K, K, rows, K, panel, bp, yb, N, ncols);
+        }
+      }
+    }
+  });
+  return y;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(tokenmill, m) {
+  m.def("pack_bf16_panels(Tensor weight) -> Tensor");
+  m.def("bf16_panel_linear(Tensor x, Tensor packed, int N, Tensor? bias) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(tokenmill, CPU, m) {
+  m.impl("pack_bf16_panels", &pack_bf16_panels);
+  m.impl("bf16_panel_linear", &bf16_panel_linear);
+}

@@ -1,0 +1,249 @@
+// AVX-512 GEMM row kernels (gemm_isa.h). This unit is compiled for AVX-512 by the target pragma
+// below whatever the build's baseline, and only called when the running CPU has the instructions
+// (gemm_dispatch.cpp). Standard headers come before the pragma so their inline functions keep the
+// baseline ISA: the linker may pick any copy of those for the whole library.
+//
+// Register blocking: an MR x 16 or MR x 32 block of y stays in zmm accumulators over all of K;
+// with few rows, S independent accumulator sets over interleaved k hide the FMA latency.
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+
+#include "gemm_isa.h"
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma,f16c")
+
+// Named (not anonymous) so that tests/test_cpu_isa.py can check in the built library that AVX-512
+// instructions appear only in functions of the tm_avx512* namespaces.
+namespace tm_avx512_detail {
+
+using tokenmill_gemm::kBf16PanelPairStride;
+
+constexpr int sets_for(int mr) { return mr <= 2 ? 4 : (mr <= 4 ? 2 : 1); }
+
+inline __mmask16 cols_mask(int64_t ncols) {
+  return ncols >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << std::max<int64_t>(ncols, 0)) - 1);
+}
+
+// y row (16 columns at most, masked) = acc + bias (ACC: y += acc + bias)
+template <bool ACC = false>
+inline void store16(float* y, const float* bias, __m512 acc, int64_t ncols) {
+  const __mmask16 m = cols_mask(ncols);
+  if (m == 0) return;
+  if (bias) acc = _mm512_add_ps(acc, _mm512_maskz_loadu_ps(m, bias));
+  if constexpr (ACC) acc = _mm512_add_ps(acc, _mm512_maskz_loadu_ps(m, y));
+  _mm512_mask_storeu_ps(y, m, acc);
+}
+
+inline __m512i bcast_pair(const uint16_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, sizeof(v));
+  return _mm512_set1_epi32(v);
+}
+
+inline __m512 dp(__m512 acc, __m512i a, __m512i b) {
+  return _mm512_dpbf16_ps(acc, reinterpret_cast<__m512bh&>(a), reinterpret_cast<__m512bh&>(b));
+}
+
+// bf16 x bf16 -> f32 through vdpbf16ps: each instruction does 16 columns x one k-pair.
+template <int MR>
+void bf16_dp_kernel(const uint16_t* x, int64_t lda, int64_t K, const uint16_t* p, const float* bias, float* y,
+                    int64_t ldy, int64_t ncols) {
+  constexpr int S = sets_for(MR);
+  __m512 c0[S][MR], c1[S][MR];
+#pragma GCC unroll 16
+  for (int s = 0; s < S; ++s)
+    for (int r = 0; r < MR; ++r) c0[s][r] = c1[s][r] = _mm512_setzero_ps();
+  const int64_t full = K / 2;
+  int64_t kk = 0;
+  for (; kk + S <= full; kk += S) {
+    const uint16_t* pk = p + kk * kBf16PanelPairStride;
+#pragma GCC unroll 4
+    for (int s = 0; s < S; ++s) {
+      _mm_prefetch(reinterpret_cast<const char*>(pk + s * kBf16PanelPairStride) + 1024, _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(pk + s * kBf16PanelPairStride) + 1088, _MM_HINT_T0);
+      const __m512i b0 = _mm512_loadu_si512(pk + s * kBf16PanelPairStride);
+      const __m512i b1 = _mm512_loadu_si512(pk + s * kBf16PanelPairStride + 32);
+#pragma GCC unroll 16
+      for (int r = 0; r < MR; ++r) {
+        const __m512i a = bcast_pair(x + r * lda + 2 * (kk + s));
+        c0[s][r] = dp(c0[s][r], a, b0);
+        c1[s][r] = dp(c1[s][r], a, b1);
+      }
+    }
+  }
+  for (; kk < full; ++kk) {
+    const uint16_t* pk = p + kk * kBf16PanelPairStride;
+    const __m512i b0 = _mm512_loadu_si512(pk), b1 = _mm512_loadu_si512(pk + 32);
+#pragma GCC unroll 16
+    for (int r = 0; r < MR; ++r) {
+      const __m512i a = bcast_pair(x + r * lda + 2 * kk);
+      c0[0][r] = dp(c0[0][r], a, b0);
+      c1[0][r] = dp(c1[0][r], a, b1);
+    }
+  }
+  if (K & 1) {  // the last k pairs with the panel's zero padding
+    const uint16_t* pk = p + full * kBf16PanelPairStride;
+    const __m512i b0 = _mm512_loadu_si512(pk), b1 = _mm512_loadu_si512(pk + 32);
+    for (int r = 0; r < MR; ++r) {
+      const __m512i a = _mm512_set1_epi32(x[r * lda + K - 1]);
+      c0[0][r] = dp(c0[0][r], a, b0);
+      c1[0][r] = dp(c1[0][r], a, b1);
+    }
+  }
+#pragma GCC unroll 16
+  for (int r = 0; r < MR; ++r) {
+    for (int s = 1; s < S; ++s) {
+      c0[0][r] = _mm512_add_ps(c0[0][r], c0[s][r]);
+      c1[0][r] = _mm512_add_ps(c1[0][r], c1[s][r]);
+    }
+    store16(y + r * ldy, bias, c0[0][r], ncols);
+    store16(y + r * ldy + 16, bias ? bias + 16 : nullptr, c1[0][r], ncols - 16);
+  }
+}
+
+// bf16 weights widened to f32 in registers (AVX-512F without BF16): lane j of a pair row holds
+// (w[k][j], w[k+1][j]); shifting left by 16 gives w[k] and masking the low half gives w[k+1].
+template <int MR>
+void bf16_widen_kernel(const float* x, int64_t lda, int64_t K, const uint16_t* p, const float* bias, float* y,
+                       int64_t ldy, int64_t ncols) {
+  __m512 c0[MR], c1[MR];
+#pragma GCC unroll 16
+  for (int r = 0; r < MR; ++r) c0[r] = c1[r] = _mm512_setzero_ps();
+  const __m512i hi = _mm512_set1_epi32(static_cast<int32_t>(0xFFFF0000u));
+  const int64_t pairs = (K + 1) / 2;
+  for (int64_t kk = 0; kk < pairs; ++kk) {
+    const uint16_t* pk = p + kk * kBf16PanelPairStride;
+    _mm_prefetch(reinterpret_cast<const char*>(pk) + 1024, _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(pk) + 1088, _MM_HINT_T0);
+    const __m512i v0 = _mm512_loadu_si512(pk), v1 = _mm512_loadu_si512(pk + 32);
+    const __m512 e0 = _mm512_castsi512_ps(_mm512_slli_epi32(v0, 16)), o0 = _mm512_castsi512_ps(_mm512_and_si512(v0, hi));
+    const __m512 e1 = _mm512_castsi512_ps(_mm512_slli_epi32(v1, 16)), o1 = _mm512_castsi512_ps(_mm512_and_si512(v1, hi));
+    const bool odd = 2 * kk + 1 < K;
+#pragma GCC unroll 16
+    for (int r = 0; r < MR; ++r) {
+      const __m512 a = _mm512_set1_ps(x[r * lda + 2 * kk]);
+      c0[r] = _mm512_fmadd_ps(a, e0, c0[r]);
+      c1[r] = _mm512_fmadd_ps(a, e1, c1[r]);
+      if (odd) {
+        const __m512 a2 = _mm512_set1_ps(x[r * lda + 2 * kk + 1]);
+        c0[r] = _mm512_fmadd_ps(a2, o0, c0[r]);
+        c1[r] = _mm512_fmadd_ps(a2, o1, c1[r]);
+      }
+    }
+  }
+#pragma GCC unroll 16
+  for (int r = 0; r < MR; ++r) {
+    store16(y + r * ldy, bias, c0[r], ncols);
+    store16(y + r * ldy + 16, bias ? bias + 16 : nullptr, c1[r], ncols - 16);
+  }
+}
+
+// float32 panels P[K][16]: one zmm of weights per k (ACC: add into y, for attention's O += P V)
+template <int MR, bool ACC>
+void f32_kernel(const float* x, int64_t lda, int64_t K, const float* p, const float* bias, float* y, int64_t ldy,
+                int64_t ncols) {
+  constexpr int S = sets_for(MR);
+  __m512 c[S][MR];
+#pragma GCC unroll 16
+  for (int s = 0; s < S; ++s)
+    for (int r = 0; r < MR; ++r) c[s][r] = _mm512_setzero_ps();
+  int64_t k = 0;
+  for (; k + S <= K; k += S) {
+#pragma GCC unroll 4
+    for (int s = 0; s < S; ++s) {
+      _mm_prefetch(reinterpret_cast<const char*>(p + (k + s) * 16) + 1024, _MM_HINT_T0);
+      const __m512 b = _mm512_loadu_ps(p + (k + s) * 16);
+#pragma GCC unroll 16
+      for (int r = 0; r < MR; ++r) c[s][r] = _mm512_fmadd_ps(_mm512_set1_ps(x[r * lda + k + s]), b, c[s][r]);
+    }
+  }
+  for (; k < K; ++k) {
+    const __m512 b = _mm512_loadu_ps(p + k * 16);
+#pragma GCC unroll 16
+    for (int r = 0; r < MR; ++r) c[0][r] = _mm512_fmadd_ps(_mm512_set1_ps(x[r * lda + k]), b, c[0][r]);
+  }
+#pragma GCC unroll 16
+  for (int r = 0; r < MR; ++r) {
+    for (int s = 1; s < S; ++s) c[0][r] = _mm512_add_ps(c[0][r], c[s][r]);
+    store16<ACC>(y + r * ldy, bias, c[0][r], ncols);
+  }
+}
+
+// M rows in blocks of at most MAX rows, as even as possible (13 -> 7 + 6), each through KERNEL<rows>.
+template <int MAX, typename X, typename P, typename Kernel>
+inline void row_blocks(const X* x, int64_t lda, int64_t M, int64_t K, const P* panel, const float* bias, float* y,
+                       int64_t ldy, int64_t ncols, const Kernel* kernels) {
+  if (M <= 0) return;
+  const int64_t nblocks = (M + MAX - 1) / MAX, base = M / nblocks, extra = M % nblocks;
+  for (int64_t blk = 0, r0 = 0; blk < nblocks; ++blk) {
+    const int64_t rows = base + (blk < extra ? 1 : 0);
+    kernels[rows](x + r0 * lda, lda, K, panel, bias, y + r0 * ldy, ldy, ncols);
+    r0 += rows;
+  }
+}
+
+using Bf16DpFn = void (*)(const uint16_t*, int64_t, int64_t, const uint16_t*, const float*, float*, int64_t, int64_t);
+using WidenFn = void (*)(const float*, int64_t, int64_t, const uint16_t*, const float*, float*, int64_t, int64_t);
+using F32Fn = void (*)(const float*, int64_t, int64_t, const float*, const float*, float*, int64_t, int64_t);
+
+constexpr Bf16DpFn kBf16Dp[] = {nullptr, bf16_dp_kernel<1>, bf16_dp_kernel<2>, bf16_dp_kernel<3>, bf16_dp_kernel<4>,
+                                bf16_dp_kernel<5>, bf16_dp_kernel<6>, bf16_dp_kernel<7>, bf16_dp_kernel<8>,
+                                bf16_dp_kernel<9>, bf16_dp_kernel<10>, bf16_dp_kernel<11>, bf16_dp_kernel<12>};
+constexpr WidenFn kWiden[] = {nullptr, bf16_widen_kernel<1>, bf16_widen_kernel<2>, bf16_widen_kernel<3>,
+                              bf16_widen_kernel<4>, bf16_widen_kernel<5>, bf16_widen_kernel<6>,
+                              bf16_widen_kernel<7>, bf16_widen_kernel<8>};
+template <bool ACC>
+constexpr F32Fn kF32[] = {nullptr, f32_kernel<1, ACC>, f32_kernel<2, ACC>, f32_kernel<3, ACC>, f32_kernel<4, ACC>,
+                          f32_kernel<5, ACC>, f32_kernel<6, ACC>, f32_kernel<7, ACC>, f32_kernel<8, ACC>,
+                          f32_kernel<9, ACC>, f32_kernel<10, ACC>, f32_kernel<11, ACC>, f32_kernel<12, ACC>,
+                          f32_kernel<13, ACC>, f32_kernel<14, ACC>};
+
+}  // namespace tm_avx512_detail
+
+namespace tm_avx512_bf16 {
+using namespace tm_avx512_detail;
+void bf16_panel_rows(const uint16_t* x, int64_t lda, int64_t M, int64_t K, const uint16_t* panel,
+                     const float* bias, float* y, int64_t ldy, int64_t ncols) {
+  row_blocks<12>(x, lda, M, K, panel, bias, y, ldy, ncols, kBf16Dp);
+}
+}  // namespace tm_avx512_bf16
+
+namespace tm_avx512 {
+using namespace tm_avx512_detail;
+void bf16_panel_rows(const float* x, int64_t lda, int64_t M, int64_t K, const uint16_t* panel, const float* bias,
+                     float* y, int64_t ldy, int64_t ncols) {
+  row_blocks<8>(x, lda, M, K, panel, bias, y, ldy, ncols, kWiden);
+}
+void f32_panel_rows(const float* x, int64_t lda, int64_t M, int64_t K, const float* panel, const float* bias,
+                    float* y, int64_t ldy, int64_t ncols) {
+  row_blocks<14>(x, lda, M, K, panel, bias, y, ldy, ncols, kF32<false>);
+}
+void f32_panel_rows_acc(const float* x, int64_t lda, int64_t M, int64_t K, const float* panel, float* y,
+                        int64_t ldy, int64_t ncols) {
+  row_blocks<14>(x, lda, M, K, panel, static_cast<const float*>(nullptr), y, ldy, ncols, kF32<true>);
+}
+}  // namespace tm_avx512
+
+#pragma GCC pop_options
+
+#else  // not x86-64: the level never reaches AVX-512 (cpu_isa.cpp), so these are never called
+namespace tm_avx512_bf16 {
+void bf16_panel_rows(const uint16_t*, int64_t, int64_t, int64_t, const uint16_t*, const float*, float*, int64_t,
+                     int64_t) { std::abort(); }
+}  // namespace tm_avx512_bf16
+namespace tm_avx512 {
+void bf16_panel_rows(const float*, int64_t, int64_t, int64_t, const uint16_t*, const float*, float*, int64_t,
+                     int64_t) { std::abort(); }
+void f32_panel_rows(const float*, int64_t, int64_t, int64_t, const float*, const float*, float*, int64_t,
+                    int64_t) { std::abort(); }
+void f32_panel_rows_acc(const float*, int64_t, int64_t, int64_t, const float*, float*, int64_t, int64_t) {
+  std::abort();
+}
+}  // namespace tm_avx512
+#endif

@@ -1,0 +1,40 @@
+// Per-ISA GEMM row kernels behind one signature each; gemm_dispatch.cpp picks one per call by the
+// active level (cpu_isa.h). No ATen here: the AVX-512 units include this under a target pragma.
+//
+// A bf16 panel holds 32 output columns as k-pairs: P[K2][32][2] (K2 = ceil(K/2), the pair (k, k+1)
+// of one column in one 32-bit lane, zero-padded past K and past the last column), the operand
+// layout of AVX512_BF16's vdpbf16ps. A float32 panel is P[K][16] (gemm_micro.h).
+#pragma once
+
+#include <cstdint>
+
+namespace tokenmill_gemm {
+constexpr int64_t kBf16PanelCols = 32;
+constexpr int64_t kBf16PanelPairStride = 64;  // uint16 per k-pair row of a panel
+}  // namespace tokenmill_gemm
+
+// y[M, ncols] = x[M, K] . panel (+ bias), float32 out; x in bf16 bits (row stride lda).
+namespace tm_avx512_bf16 {
+void bf16_panel_rows(const uint16_t* x, int64_t lda, int64_t M, int64_t K, const uint16_t* panel,
+                     const float* bias, float* y, int64_t ldy, int64_t ncols);
+}  // namespace tm_avx512_bf16
+
+// The same from float32 x: bf16 weights widened in registers (AVX-512F, AVX2) or scalar.
+namespace tm_avx512 {
+void bf16_panel_rows(const float* x, int64_t lda, int64_t M, int64_t K, const uint16_t* panel, const float* bias,
+                     float* y, int64_t ldy, int64_t ncols);
+// float32 panels P[K][16]: y[M, ncols] = x . panel (+ bias)
+void f32_panel_rows(const float* x, int64_t lda, int64_t M, int64_t K, const float* panel, const float* bias,
+                    float* y, int64_t ldy, int64_t ncols);
+// y[M, ncols] += x . panel
+void f32_panel_rows_acc(const float* x, int64_t lda, int64_t M, int64_t K, const float* panel, float* y,
+                        int64_t ldy, int64_t ncols);
+}  // namespace tm_avx512
+namespace tm_avx2 {
+void bf16_panel_rows(const float* x, int64_t lda, int64_t M, int64_t K, const uint16_t* panel, const float* bias,
+                     float* y, int64_t ldy, int64_t ncols);
+}  // namespace tm_avx2
+namespace tm_scalar {
+void bf16_panel_rows(const float* x, int64_t lda, int64_t M, int64_t K, const uint16_t* panel, const float* bias,
+                     float* y, int64_t ldy, int64_t ncols);
+}  // namespace tm_scalar
