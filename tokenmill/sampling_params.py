@@ -2,6 +2,35 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class StructuredOutputsParams:
+    """A constraint on the output (vLLM's names): exactly one of json (a JSON schema, dict or
+    string), regex, choice, grammar (Lark or GBNF/EBNF), json_object (any JSON object). The
+    whitespace fields shape JSON output: by default none is allowed beyond json.dumps's ", " and
+    ": " (a small model given free whitespace can loop on it until max_tokens)."""
+    json: str | dict[str, Any] | None = None
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+    disable_any_whitespace: bool = False  # compact separators "," and ":"
+    whitespace_pattern: str | None = None  # a regex: whitespace allowed between JSON tokens
+
+    def __post_init__(self) -> None:
+        kinds = [k for k in ("json", "regex", "choice", "grammar", "json_object") if getattr(self, k)]
+        if len(kinds) != 1:
+            raise ValueError("structured_outputs must set exactly one of json, regex, choice, grammar, "
+                             f"json_object; got {kinds or 'none'}")
+        if self.choice is not None:
+            _check(bool(self.choice) and all(isinstance(c, str) for c in self.choice), "structured_outputs",
+                   self.choice, "a non-empty list of strings as choice")
+
+    @property
+    def kind(self) -> str:
+        return next(k for k in ("json", "regex", "choice", "grammar", "json_object") if getattr(self, k))
 
 
 @dataclass
@@ -23,6 +52,7 @@ class SamplingParams:
     logprobs: int | None = None  # number of top alternatives per token (0: only the chosen one)
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    structured_outputs: StructuredOutputsParams | None = None
     stop_list: list[str] = field(init=False, default_factory=list)
 
     def __post_init__(self) -> None:
@@ -47,6 +77,11 @@ class SamplingParams:
                "<= max_tokens")
         _check(self.logprobs is None or 0 <= self.logprobs <= 20, "logprobs", self.logprobs, "0..20 or None")
         _check(all(isinstance(s, str) and s for s in self.stop_list), "stop", self.stop, "non-empty strings")
+        _check(self.structured_outputs is None or isinstance(self.structured_outputs, StructuredOutputsParams),
+               "structured_outputs", self.structured_outputs, "a StructuredOutputsParams or None")
+        # the grammar decides where a constrained output ends: a forbidden EOS could leave no token at all
+        _check(self.structured_outputs is None or self.min_tokens == 0, "min_tokens", self.min_tokens,
+               "0 with structured_outputs")
         _check(self.seed is None or (isinstance(self.seed, int) and 0 <= self.seed < 2**63 - self.n),
                "seed", self.seed, "an integer in [0, 2**63 - n) or None")
 

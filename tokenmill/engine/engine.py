@@ -16,7 +16,7 @@ from tokenmill.core.outputs import EngineCoreOutput, IterationStats, SampledLogp
 from tokenmill.engine.detokenizer import DetokState, IncrementalDetokenizer
 from tokenmill.engine.resolve import resolve_config
 from tokenmill.engine.tokenizer import load_tokenizer
-from tokenmill.engine.validation import RequestValidationError, check_request
+from tokenmill.engine.validation import RequestValidationError, check_request, check_structured_outputs
 from tokenmill.metrics.stats import StatLogger
 from tokenmill.request import (
     CompletionOutput,
@@ -29,6 +29,7 @@ from tokenmill.request import (
     SpecDecodingStats,
 )
 from tokenmill.sampling_params import SamplingParams
+from tokenmill.structured.backend import GrammarCompiler, get_compiler
 from tokenmill.worker.model_runner import ModelRunner
 
 logger = logging.getLogger(__name__)
@@ -101,6 +102,11 @@ class LLMEngine:
     def kv_capacity_tokens(self) -> int:
         return self.config.cache.capacity_tokens
 
+    @property
+    def grammar_compiler(self) -> GrammarCompiler:
+        """Structured outputs' compiler and cache (shared with the runner in this process)."""
+        return get_compiler(self.config.model.tokenizer, self.vocab_size, self.eos_token_id)
+
     # -- requests ---------------------------------------------------------------------------------
     def next_request_id(self) -> str:
         return str(next(self._ids))
@@ -115,6 +121,8 @@ class LLMEngine:
             raise RequestValidationError(f"request_id {request_id!r} is already in use", "request_id")
         text, token_ids = self._tokenize(prompt)
         max_tokens = check_request(token_ids, params, self.vocab_size, self.max_model_len, self.kv_capacity_tokens)
+        if params.structured_outputs is not None:
+            check_structured_outputs(params, self.grammar_compiler)
         arrival = arrival_time if arrival_time is not None else self.core.clock()
         parent = _Parent(request_id, text, token_ids, [])
         for i in range(params.n):

@@ -4,6 +4,7 @@ model: token ids in the vocabulary, the context length, the KV cache."""
 from __future__ import annotations
 
 from tokenmill.sampling_params import SamplingParams
+from tokenmill.structured.backend import GrammarCompiler, GrammarError
 
 
 class RequestValidationError(ValueError):
@@ -39,6 +40,16 @@ def check_request(prompt_token_ids: list[int], params: SamplingParams, vocab_siz
             f"request needs up to {n + params.max_tokens} tokens of KV cache but the whole cache holds "
             f"{kv_capacity_tokens}; lower max_tokens or raise kv_cache_memory_gb", "max_tokens")
     return params.max_tokens
+
+
+def check_structured_outputs(params: SamplingParams, compiler: GrammarCompiler) -> None:
+    """Compile the request's constraint (cached for the runner); an invalid one is refused here."""
+    if params.structured_outputs is None:
+        return
+    try:
+        compiler.compile(params.structured_outputs)
+    except GrammarError as e:
+        raise RequestValidationError(f"invalid {params.structured_outputs.kind} constraint: {e}", e.param) from None
 
 
 def _check_token_ids(field: str, ids: list[int], vocab_size: int) -> None:

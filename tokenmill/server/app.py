@@ -1,6 +1,7 @@
 """The OpenAI-compatible HTTP app: `build_app` and its routes.
 
 Routes: POST /v1/completions, POST /v1/chat/completions (JSON or SSE with `stream`), GET /v1/models,
+POST /tokenize and /detokenize (vLLM's),
 GET /health (503 while loading, shutting down, or after the engine loop died), GET /metrics
 (Prometheus text). Every error is an OpenAI error body {"error": {message, type, param, code}}.
 Serving the process (`run_server`, `main`, SIGTERM) is in launch.py.
@@ -25,7 +26,7 @@ from tokenmill.metrics.prometheus import CONTENT_TYPE
 from tokenmill.server import cli_args
 from tokenmill.server.errors import add_exception_handlers, validation_error
 from tokenmill.server.middleware import GuardMiddleware
-from tokenmill.server.protocol import ChatCompletionRequest, CompletionRequest
+from tokenmill.server.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 from tokenmill.server.state import ServerState
 
 logger = logging.getLogger("tokenmill.server")
@@ -114,6 +115,16 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
     async def chat_completions(request: Request):
         req, arrival = await parse(request, ChatCompletionRequest)
         return await state.chat.create_chat_completion(req, request, arrival)
+
+    @app.post("/tokenize")
+    async def tokenize(request: Request):
+        req, _ = await parse(request, TokenizeRequest)
+        return await state.tokenization.tokenize(req)
+
+    @app.post("/detokenize")
+    async def detokenize(request: Request):
+        req, _ = await parse(request, DetokenizeRequest)
+        return await state.tokenization.detokenize(req)
 
     @app.get("/v1/models")
     async def models():

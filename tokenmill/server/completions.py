@@ -16,6 +16,7 @@ from tokenmill.server.logprobs import completion_logprobs
 from tokenmill.server.protocol import CompletionRequest
 from tokenmill.server.serving import OpenAIServing, chunk, usage
 from tokenmill.server.sse import DONE, EventStream, sse_json
+from tokenmill.server.structured_outputs import structured_outputs_of
 
 MAX_PROMPTS = 256  # prompts in one completions request
 
@@ -26,11 +27,13 @@ class OpenAIServingCompletion(OpenAIServing):
     async def create_completion(self, req: CompletionRequest, raw: Request | None, arrival: float) -> Response:
         self._check_request(req)
         prompts = _prompts(req.prompt)
-        params = self._sampling_params(req, req.max_tokens, req.logprobs, {})
+        structured, source = structured_outputs_of(req)
+        aliases = {"structured_outputs": source} if source else {}
+        params = self._sampling_params(req, req.max_tokens, req.logprobs, aliases, structured)
         engine_prompts = await self._engine_prompts(prompts)
         base = f"cmpl-{uuid.uuid4().hex}"
         ids = [f"{base}-{i}" for i in range(len(prompts))]
-        stream = await self._add(list(zip(ids, engine_prompts, [params] * len(prompts))), arrival, {})
+        stream = await self._add(list(zip(ids, engine_prompts, [params] * len(prompts))), arrival, aliases)
         created = int(time.time())
         if req.stream:
             return EventStream(self._stream(stream, ids, base, created, req), on_close=stream.abort)

@@ -14,6 +14,7 @@ from tokenmill.server.chat import OpenAIServingChat
 from tokenmill.server.completions import OpenAIServingCompletion
 from tokenmill.server.errors import APIError
 from tokenmill.server.tokenization import PromptTokenizer
+from tokenmill.server.tokenize_endpoints import OpenAIServingTokenization
 
 logger = logging.getLogger("tokenmill.server")
 
@@ -32,6 +33,7 @@ class ServerState:
     tokenizer: PromptTokenizer | None = None
     completion: OpenAIServingCompletion | None = None
     chat: OpenAIServingChat | None = None
+    tokenization: OpenAIServingTokenization | None = None
     stat_logger: PrometheusStatLogger | None = None
     load_error: BaseException | None = None
     draining: bool = False
@@ -55,6 +57,7 @@ class ServerState:
         self.tokenizer.warm_up()
         self.completion = OpenAIServingCompletion(engine, names, self.tokenizer)
         self.chat = OpenAIServingChat(engine, names, self.tokenizer)
+        self.tokenization = OpenAIServingTokenization(engine, names, self.tokenizer)
         self.engine = engine
         if self.draining:
             engine.start_draining()

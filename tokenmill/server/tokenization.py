@@ -14,6 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from tokenmill.engine.tokenizer import load_tokenizer
+from tokenmill.structured.tools import fallback_messages, needs_fallback
 
 T = TypeVar("T")
 
@@ -52,10 +53,16 @@ class PromptTokenizer:
         return await self.run(_encode, texts)
 
     async def chat_prompt(self, messages: list[dict], add_generation_prompt: bool,
-                          template_kwargs: dict[str, Any]) -> list[int]:
-        """Token ids of the chat template applied to `messages`; raises PromptError."""
+                          template_kwargs: dict[str, Any], tools: list[dict] | None = None) -> list[int]:
+        """Token ids of the chat template applied to `messages` (and `tools`); raises PromptError."""
         return await self.run(_apply_chat_template, messages, self.chat_template, add_generation_prompt,
-                              template_kwargs)
+                              template_kwargs, tools)
+
+    async def decode(self, token_ids: list[int]) -> str:
+        return await self.run(lambda tok, ids: tok.decode(ids), token_ids)
+
+    async def token_strs(self, token_ids: list[int]) -> list[str]:
+        return await self.run(lambda tok, ids: tok.convert_ids_to_tokens(ids), token_ids)
 
     def warm_up(self) -> None:
         """Start loading the threads' tokenizers now rather than on the first requests."""
@@ -71,7 +78,11 @@ def _encode(tok, texts: list[str]) -> list[list[int]]:
 
 
 def _apply_chat_template(tok, messages: list[dict], chat_template: str | None, add_generation_prompt: bool,
-                         template_kwargs: dict[str, Any]) -> list[int]:
+                         template_kwargs: dict[str, Any], tools: list[dict] | None = None) -> list[int]:
+    if needs_fallback(messages, tools, chat_template or getattr(tok, "chat_template", None)):
+        messages, tools = fallback_messages(messages, tools), None  # structured/tools.py: the fallback
+    if tools:
+        template_kwargs = {**template_kwargs, "tools": tools}
     try:
         ids = tok.apply_chat_template(messages, chat_template=chat_template, tokenize=True,
                                       add_generation_prompt=add_generation_prompt, **template_kwargs)

@@ -18,6 +18,7 @@ from tokenmill.models.registry import get_model_class
 from tokenmill.sampling_params import SamplingParams
 from tokenmill.spec.ngram import NgramProposer
 from tokenmill.spec.rejection import verify
+from tokenmill.structured.matcher import StructuredDecoding
 from tokenmill.worker.sampler import Sampler
 from tokenmill.worker.threads import ThreadController
 
@@ -73,6 +74,7 @@ class ModelRunner:
         self.kv_caches = [self.kv_spec.allocate() for _ in range(cls.num_kv_cache_layers(model.arch))]
         self.kv_bytes_per_token = cache.bytes_per_token
         self.sampler = Sampler(model.arch.vocab_size)
+        self.structured = StructuredDecoding(str(model.tokenizer), model.arch.vocab_size)
         self.requests: dict[str, RunnerRequest] = {}
         self.spec = config.speculative
         self.proposer = None
@@ -105,6 +107,7 @@ class ModelRunner:
         tokens, logprobs = self._sample(logits, samples)
         reqs = [req for req, _ in samples]
         for req, toks in zip(reqs, tokens):
+            self.structured.accept(req.request_id, toks)
             for token in toks:
                 req.append(token)
         return ModelRunnerOutput([r.request_id for r in reqs], tokens,
@@ -119,7 +122,9 @@ class ModelRunner:
         offsets = np.cumsum([0] + [len(d) + 1 for _, d in samples])
         plain = [i for i, (_, d) in enumerate(samples) if not d]
         if plain:
-            out = self.sampler(logits[torch.tensor(offsets[plain])], [samples[i][0] for i in plain])
+            reqs = [samples[i][0] for i in plain]
+            out = self.sampler(logits[torch.tensor(offsets[plain])], reqs,
+                               self.structured.bitmask([r.request_id for r in reqs]))
             for i, token, lp in zip(plain, out.token_ids, out.logprobs):
                 tokens[i], logprobs[i] = [token], [lp] if lp is not None else None
         spec = [i for i, (_, d) in enumerate(samples) if d]
@@ -139,6 +144,9 @@ class ModelRunner:
         k_max = self.spec.num_speculative_tokens
         drafts = []
         for (req, verified), toks in zip(samples, tokens):
+            if self.structured.is_constrained(req.request_id):  # no drafts: the grammar is not in verify()
+                drafts.append([])
+                continue
             req.spec_k = min(k_max, len(toks)) if verified else (req.spec_k or k_max)
             drafts.append(self.proposer.propose(req.token_ids, req.spec_k))
         return drafts
@@ -147,10 +155,13 @@ class ModelRunner:
         for rid in out.finished_request_ids:
             self.requests.pop(rid, None)
             self.sampler.forget(rid)
+            self.structured.remove(rid)
         for rid in out.preempted_request_ids:  # back as new requests later; a seeded sampler keeps its state
             self.requests.pop(rid, None)
+            self.structured.remove(rid)
         for new in out.new_requests:
             self.requests[new.request_id] = RunnerRequest.from_new(new)
+            self.structured.add(new.request_id, new.params, new.eos_token_id, new.output_token_ids)
         for cached in out.cached_requests:
             req = self.requests[cached.request_id]
             req.block_ids.extend(cached.new_block_ids)

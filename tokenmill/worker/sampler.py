@@ -11,6 +11,7 @@ from typing import Protocol
 import torch
 
 from tokenmill.sampling_params import SamplingParams
+from tokenmill.structured.bitmask import GrammarBitmask
 
 from tokenmill.core.outputs import SampledLogprobs
 
@@ -48,11 +49,15 @@ class Sampler:
             self.generators[req.request_id] = gen
         return gen
 
-    def __call__(self, logits: torch.Tensor, reqs: list[SamplingRequest]) -> SamplerOutput:
+    def __call__(self, logits: torch.Tensor, reqs: list[SamplingRequest],
+                 grammar: GrammarBitmask | None = None) -> SamplerOutput:
+        """`grammar`: the allowed tokens of the constrained rows (structured outputs)."""
         logits = logits[:, : self.vocab_size]
         want_logprobs = [r.params.logprobs is not None for r in reqs]
         raw_logprobs = torch.log_softmax(logits, dim=-1) if any(want_logprobs) else None
         logits = self.process(logits, reqs)
+        if grammar is not None:
+            grammar.apply(logits)  # in place: the runner passes rows gathered for this call
         tokens = logits.argmax(dim=-1)
         random_rows = [i for i, r in enumerate(reqs) if not r.params.greedy]
         if random_rows:
