@@ -45,7 +45,8 @@ def test_bf16_panel_linear_every_level(level, m, n, k, restore_isa):
     packed = torch.ops.tokenmill.pack_bf16_panels(w)
     y = torch.ops.tokenmill.bf16_panel_linear(x, packed, n, bias)
     assert y.dtype == torch.float32 and y.shape == (m, n)
-    xr = x.bfloat16() if level == "avx512_bf16" else x  # the dot-product path rounds x to bf16 first
+    # the dot-product path (AVX512_BF16, 3 rows or more) rounds x to bf16 first
+    xr = x.bfloat16() if level == "avx512_bf16" and m > 2 else x
     ref = F.linear(xr.double(), w.double(), bias.double())
     assert rel_err(y, ref) < 1e-5
     y_nobias = torch.ops.tokenmill.bf16_panel_linear(x.bfloat16(), packed, n, None)  # bf16 x accepted too
@@ -125,3 +126,25 @@ def test_avx512_code_stays_inside_the_dispatched_functions():
     users = _functions_using_zmm(text)
     assert any("tm_avx512" in f for f in users)  # the AVX-512 kernels are there ...
     assert [f for f in users if "tm_avx512" not in f] == []  # ... and nothing else uses AVX-512
+
+
+def test_onednn_bf16_linear_method_matches_the_panels():
+    """The AMX route (oneDNN's prepacked bf16 weight) runs on any CPU with oneDNN; against the bf16
+    panels on the same bf16 weight: both round x to bf16 at 3+ rows, bias added in bf16 by oneDNN
+    (tolerance 1e-2 relative to the largest output)."""
+    from tokenmill.models.linear import Linear
+    from tokenmill.quant.unquantized import Bf16PanelLinearMethod, OneDNNBf16LinearMethod, _has_onednn_linear
+    if not _has_onednn_linear():
+        pytest.skip("no oneDNN linear ops in this torch")
+    g = torch.Generator().manual_seed(3)
+    w, b, x = torch.randn(70, 48, generator=g), torch.randn(70, generator=g), torch.randn(9, 48, generator=g)
+    outs = []
+    for method in (Bf16PanelLinearMethod(), OneDNNBf16LinearMethod()):
+        layer = Linear(48, 70, bias=True, quant_method=method)
+        with torch.no_grad():
+            layer.weight.copy_(w)
+            layer.bias.copy_(b)
+        method.load(layer)
+        outs.append(layer(x))
+    assert outs[1].dtype == torch.float32
+    assert rel_err(outs[1], outs[0].double()) < 1e-2

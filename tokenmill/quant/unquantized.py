@@ -9,6 +9,9 @@
   picks AVX512_BF16 dot products, AVX-512 or AVX2 widening at run time (kernels/csrc/cpu_isa.h).
   The model around it then runs float32 activations (norms, RoPE, attention on float32 rows, the
   residual stream never rounded to bf16) while weights and the KV cache are bf16.
+- `OneDNNBf16LinearMethod` (bfloat16 on CPUs whose OS grants AMX tiles): oneDNN's prepacked bf16
+  weight, which runs on AMX there (we have no AMX kernel of our own); float32 activations in and
+  out as with the panels. Elsewhere our panels match or beat it (docs/BENCHMARKS.md).
 - `PlainLinearMethod` (every other dtype): F.linear.
 
 The packing methods free the plain weight after packing (a shape-only meta tensor stays, so
@@ -86,6 +89,16 @@ class Bf16PanelLinearMethod(_PackedLinearMethod):
         return torch.ops.tokenmill.bf16_panel_linear(x, packed, layer.out_features, layer.bias)
 
 
+class OneDNNBf16LinearMethod(Bf16PanelLinearMethod):
+    def pack(self, weight: torch.Tensor) -> torch.Tensor:
+        return torch.ops.mkldnn._reorder_linear_weight(weight.to(torch.bfloat16))
+
+    def apply_packed(self, layer: Linear, x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
+        bias = None if layer.bias is None else layer.bias.to(torch.bfloat16)
+        y = torch.ops.mkldnn._linear_pointwise(x.to(torch.bfloat16).contiguous(), packed, bias, "none", [], "")
+        return y.float()
+
+
 class OneDNNLinearMethod(_PackedLinearMethod):
     def pack(self, weight: torch.Tensor) -> torch.Tensor:
         return torch.ops.mkldnn._reorder_linear_weight(weight)
@@ -108,6 +121,8 @@ class UnquantizedConfig:
 
     def get_linear_method(self, prefix: str) -> LinearMethod:
         if self.bf16_panels:
+            if "amx=usable" in cpu_ops.isa() and _has_onednn_linear():
+                return OneDNNBf16LinearMethod()
             return Bf16PanelLinearMethod()
         if self.dtype == torch.float32:
             if cpu_ops.load():

@@ -147,7 +147,9 @@ at::Tensor bf16_panel_linear(const at::Tensor& x, const at::Tensor& packed, int6
   }
   if (M == 0) return y;
   const auto level = tokenmill_isa::active_level();
-  const bool dp = level == tokenmill_isa::Level::kAvx512Bf16;
+  // one or two rows stream the weights at the same rate without rounding x (measured:
+  // `python -m tokenmill.bench.kernels --only isa`), so they take the widening path
+  const bool dp = level == tokenmill_isa::Level::kAvx512Bf16 && M > 2;
   // the dot-product path reads bf16 rows; the widening paths float32 rows
   const at::Tensor xc = (dp ? x.to(at::kBFloat16) : x.to(at::kFloat)).contiguous();
   const auto* pp = reinterpret_cast<const uint16_t*>(packed.data_ptr<at::BFloat16>());
@@ -166,7 +168,7 @@ at::Tensor bf16_panel_linear(const at::Tensor& x, const at::Tensor& packed, int6
         if (dp) {
           const auto* xb = reinterpret_cast<const uint16_t*>(xc.data_ptr<at::BFloat16>()) + c0 * K;
           tm_avx512_bf16::bf16_panel_rows(xb, K, rows, K, panel, bp, yb, N, ncols);
-        } else if (level == tokenmill_isa::Level::kAvx512) {
+        } else if (level >= tokenmill_isa::Level::kAvx512) {
           tm_avx512::bf16_panel_rows(xc.data_ptr<float>() + c0 * K, K, rows, K, panel, bp, yb, N, ncols);
         } else if (level == tokenmill_isa::Level::kAvx2) {
           tm_avx2::bf16_panel_rows(xc.data_ptr<float>() + c0 * K, K, rows, K, panel, bp, yb, N, ncols);
