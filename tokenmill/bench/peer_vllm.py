@@ -34,6 +34,11 @@ import sys
 import time
 import traceback
 
+# Python puts this script's folder (tokenmill/bench) first on sys.path; its modules would shadow
+# packages vLLM's dependencies probe for (transformers imports a package named `kernels`).
+if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(__file__)):
+    sys.path.pop(0)
+
 PREFIX = "PEER_VLLM_JSON "
 
 
