@@ -97,8 +97,10 @@ def spec_counters(stats: list[SpecDecodingStats]) -> dict:
             "acceptance_by_position": [n / s.num_drafts for n in s.accepted_per_position]}
 
 
-def spec_configs(args: argparse.Namespace) -> dict[str, dict]:
-    """Name -> speculative_config, one per method (layer_skip: one per --num-draft-layers)."""
+def spec_configs(args: argparse.Namespace) -> dict[str, dict | None]:
+    """Name -> speculative_config, one per method (layer_skip: one per --num-draft-layers); with
+    --control also `off2`, a second engine without speculation built last (an A/A check of the
+    machine's noise and of anything that favours one engine over another)."""
     base = {"num_speculative_tokens": args.num_speculative_tokens}
     if args.disable_by_batch_size is not None:
         base["disable_by_batch_size"] = args.disable_by_batch_size
@@ -114,6 +116,8 @@ def spec_configs(args: argparse.Namespace) -> dict[str, dict]:
             configs["draft_model"] = {"method": method, "model": args.draft_model, **base}
         else:
             configs[method] = {"method": method, **base}
+    if args.control:
+        configs["off2"] = None
     return configs
 
 
@@ -180,6 +184,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="layer_skip: comma-separated values, one configuration each (default: the engine's)")
     p.add_argument("--draft-model", default=None, help="draft_model: an HF folder or .gguf with the same tokenizer")
     p.add_argument("--kv-cache-memory-gb", type=float, default=1.0)
+    p.add_argument("--control", action="store_true", help="add off2: speculation off, engine built last")
     p.add_argument("--max-tokens", type=int, default=200)
     p.add_argument("--num-speculative-tokens", type=int, default=4)
     p.add_argument("--disable-by-batch-size", type=int, default=None,

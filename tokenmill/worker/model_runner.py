@@ -145,13 +145,15 @@ class ModelRunner:
         if len(samples) > self.spec.disable_by_batch_size:
             return [[] for _ in samples]
         k_max = self.spec.num_speculative_tokens
+        reqs = []
         for (req, verified), toks in zip(samples, tokens):
             if self.structured.is_constrained(req.request_id):  # no drafts: the grammar is not in verify()
                 drafts.append([])
                 continue
             req.spec_k = min(k_max, len(toks)) if verified else (req.spec_k or k_max)
-        return self.proposer.propose([DraftRequest(req.token_ids, req.block_ids, req.spec_k, len(d),
-                                                   len(toks) - 1 if d else 0) for (req, d), toks in zip(samples, tokens)])
+            accepted = len(toks) - 1 if verified else 0
+            reqs.append(DraftRequest(req.token_ids, req.block_ids, req.spec_k, len(verified), accepted))
+        return self.proposer.propose(reqs)
 
     def _update_states(self, out: SchedulerOutput) -> None:
         for rid in out.finished_request_ids:
