@@ -147,12 +147,11 @@ class ModelRunner:
         k_max = self.spec.num_speculative_tokens
         reqs = []
         for (req, verified), toks in zip(samples, tokens):
-            if self.structured.is_constrained(req.request_id):  # no drafts: the grammar is not in verify()
-                drafts.append([])
-                continue
             req.spec_k = min(k_max, len(toks)) if verified else (req.spec_k or k_max)
+            # no drafts for a constrained request: the grammar is not in verify()
+            k = 0 if self.structured.is_constrained(req.request_id) else req.spec_k
             accepted = len(toks) - 1 if verified else 0
-            reqs.append(DraftRequest(req.token_ids, req.block_ids, req.spec_k, len(verified), accepted))
+            reqs.append(DraftRequest(req.token_ids, req.block_ids, k, len(verified), accepted))
         return self.proposer.propose(reqs)
 
     def _update_states(self, out: SchedulerOutput) -> None:
