@@ -15,10 +15,12 @@ from tokenmill.core.engine_core import EngineCore
 from tokenmill.core.kv_cache_manager import KVCacheManager
 from tokenmill.core.outputs import ModelRunnerOutput
 from tokenmill.core.scheduler import SchedulerConfig
-from tokenmill.request import Request
+from tokenmill.request import Request, SpecDecodingStats
+from tokenmill.spec.draft_length import DraftLength
 from tokenmill.spec.ngram import NgramProposer
 from tokenmill.spec.rejection import verify
 from tokenmill.worker.sampler import Sampler
+from tiny_models import make_tiny_model
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
 
@@ -26,12 +28,12 @@ NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1,
 # -- proposer ---------------------------------------------------------------------------------------
 def test_ngram_proposes_what_followed_the_latest_match():
     p = NgramProposer(3, min_n=1, max_n=3)
-    assert p.propose([1, 2, 3, 9, 9, 1, 2, 3, 7, 7, 1, 2, 3]) == [7, 7, 1]  # latest earlier 1 2 3
-    assert p.propose([5, 6, 7, 8]) == []  # nothing repeats
-    assert p.propose([4, 5, 1, 2, 1], k=2) == [2, 1]  # falls back to the 1-gram "1"
-    assert NgramProposer(3, min_n=2, max_n=3).propose([4, 5, 1, 2, 1]) == []  # too short a match
+    assert p.lookup([1, 2, 3, 9, 9, 1, 2, 3, 7, 7, 1, 2, 3]) == [7, 7, 1]  # latest earlier 1 2 3
+    assert p.lookup([5, 6, 7, 8]) == []  # nothing repeats
+    assert p.lookup([4, 5, 1, 2, 1], k=2) == [2, 1]  # falls back to the 1-gram "1"
+    assert NgramProposer(3, min_n=2, max_n=3).lookup([4, 5, 1, 2, 1]) == []  # too short a match
     # the latest match of [8, 9] ends one token before the end: the copy runs on into itself
-    assert NgramProposer(4, min_n=2, max_n=2).propose([5, 8, 9, 8, 9]) == [8, 9, 8, 9]
+    assert NgramProposer(4, min_n=2, max_n=2).lookup([5, 8, 9, 8, 9]) == [8, 9, 8, 9]
 
 
 def test_speculative_config_names_bad_fields():
@@ -98,7 +100,8 @@ def _repetitive_prompts(n=12, seed=0):
     out = []
     for i in range(n):
         phrase = [rng.randrange(3, 500) for _ in range(rng.randint(3, 8))]
-        out.append({"prompt_token_ids": (phrase * 4)[: rng.randint(10, 40)] + [rng.randrange(3, 500)]})
+        shared = [7, 8, 9, 10, 11, 12, 13, 14] if i % 3 == 0 else []  # two full blocks of 4, cacheable
+        out.append({"prompt_token_ids": shared + (phrase * 4)[: rng.randint(10, 40)] + [rng.randrange(3, 500)]})
     return out
 
 
@@ -107,19 +110,43 @@ def plain(tiny_llama):
     return LLM(str(tiny_llama), dtype="float32", num_kv_blocks=256, block_size=4)
 
 
+@pytest.fixture(scope="module")
+def other_tiny(tmp_path_factory):
+    """A different random tiny Llama (one layer) with the same tokenizer: a draft model."""
+    return make_tiny_model(tmp_path_factory.mktemp("tiny_draft"), "llama", seed=2, num_hidden_layers=1)
+
+
+def _spec_config(method, tiny_llama, other_tiny):
+    k = {"num_speculative_tokens": 3, "disable_by_batch_size": 64}
+    return {"ngram": {**NGRAM, "disable_by_batch_size": 64},
+            "layer_skip": {"method": "layer_skip", "num_draft_layers": 1, **k},
+            "draft_self": {"method": "draft_model", "model": str(tiny_llama), **k},
+            "draft_other": {"method": "draft_model", "model": str(other_tiny), **k}}[method]
+
+
+@pytest.mark.parametrize("method", ["ngram", "layer_skip", "draft_self", "draft_other"])
 @pytest.mark.parametrize("caching", [True, False])
-def test_greedy_identical_with_and_without_speculation(tiny_llama, plain, caching):
-    """Mixed batch (different lengths, a plain request among them), with preemption forced by a
-    small cache, prefix caching on and off: token-identical to decoding without drafts."""
+def test_greedy_identical_with_and_without_speculation(tiny_llama, other_tiny, plain, method, caching, monkeypatch):
+    """Mixed batches (prompt chunks beside verifications, different lengths), with preemption
+    forced by a small cache, prefix caching on (shared prefixes, resumed requests) and off:
+    token-identical to decoding without drafts, for each method (model drafts kept on even where
+    they do not pay)."""
+    monkeypatch.setattr(DraftLength, "_best", lambda self: self.k_max)
     params = [SamplingParams(max_tokens=24, temperature=0, ignore_eos=True) for _ in range(12)]
     expect = [o.outputs[0].token_ids for o in plain.generate(_repetitive_prompts(), params, use_tqdm=False)]
     spec = LLM(str(tiny_llama), dtype="float32", num_kv_blocks=40, block_size=4, enable_prefix_caching=caching,
-               max_num_batched_tokens=64, speculative_config={**NGRAM, "disable_by_batch_size": 64})
+               max_num_batched_tokens=64, speculative_config=_spec_config(method, tiny_llama, other_tiny))
     outs = spec.generate(_repetitive_prompts(), params, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in outs] == expect
     stats = [o.metrics.spec_decoding for o in outs if o.metrics.spec_decoding]
-    assert stats and sum(s.num_accepted_tokens for s in stats) > 0, "the workload should accept some drafts"
+    assert stats and sum(s.num_draft_tokens for s in stats) > 0
+    if method in ("ngram", "draft_self"):
+        assert sum(s.num_accepted_tokens for s in stats) > 0, "this workload should accept some drafts"
+    if method == "draft_self":  # its own KV mirrors the target's: it drafts what the target says
+        assert SpecDecodingStats.merged(stats).acceptance_rate > 0.9
     assert spec.llm_engine.core.scheduler.num_preemptions > 0
+    if caching:
+        assert spec.llm_engine.core.kv.prefix_stats.hits > 0
     assert spec.llm_engine.core.kv.pool.num_used_blocks == 0
 
 

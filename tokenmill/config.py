@@ -99,31 +99,52 @@ class DeviceConfig:
     seed: int
 
 
-SPEC_METHODS = ("ngram",)
+SPEC_METHODS = ("ngram", "layer_skip", "draft_model")
 
 
 @dataclass(frozen=True)
 class SpeculativeConfig:
-    """Speculative decoding (vLLM's field names). `ngram` (prompt lookup): propose the tokens that
-    followed the latest earlier occurrence of the request's last n tokens, n from
-    prompt_lookup_max down to prompt_lookup_min. Speculation pauses while more than
-    `disable_by_batch_size` requests decode at once (the step is compute-bound there, and verifying
-    drafts costs more than it saves)."""
+    """Speculative decoding (vLLM's field names where the concept is the same).
+
+    - `ngram` (prompt lookup): the tokens that followed the latest earlier occurrence of the
+      request's last n tokens, n from prompt_lookup_max down to prompt_lookup_min.
+    - `layer_skip` (self-speculative): the target's own first `num_draft_layers` layers, its final
+      norm and LM head draft greedily (None: resolved per model, docs/BENCHMARKS.md).
+    - `draft_model`: `model` (an HF folder or .gguf with the target's tokenizer) drafts greedily.
+
+    Speculation pauses while more than `disable_by_batch_size` requests decode at once (the step
+    is compute-bound there, and verifying drafts costs more than it saves)."""
     method: str = "ngram"
     num_speculative_tokens: int = 4
     prompt_lookup_min: int = 2
     prompt_lookup_max: int = 5
     disable_by_batch_size: int = 16  # measured crossover on a 2-core CPU: docs/BENCHMARKS.md
+    num_draft_layers: int | None = None  # layer_skip only
+    model: str | None = None  # draft_model only
 
     def __post_init__(self) -> None:
         _choice("speculative_config.method", self.method, SPEC_METHODS)
         for name in ("num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max", "disable_by_batch_size"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"speculative_config.{name} must be an integer >= 1, got {value!r}")
+            _positive_int(name, getattr(self, name))
         if self.prompt_lookup_min > self.prompt_lookup_max:
             raise ValueError(f"speculative_config.prompt_lookup_min ({self.prompt_lookup_min}) must be <= "
                              f"prompt_lookup_max ({self.prompt_lookup_max})")
+        if self.num_draft_layers is not None:
+            if self.method != "layer_skip":
+                raise ValueError(f"speculative_config.num_draft_layers applies to method layer_skip only, not "
+                                 f"{self.method!r}")
+            _positive_int("num_draft_layers", self.num_draft_layers)
+        if (self.model is not None) != (self.method == "draft_model"):
+            raise ValueError("speculative_config.model (a Hugging Face folder or .gguf file) is required for method "
+                             f"draft_model and allowed only there; method {self.method!r}, model {self.model!r}")
+        if self.model is not None and not os.path.exists(self.model):
+            raise ValueError(f"speculative_config.model path does not exist: {self.model!r}")
+
+    @property
+    def drafts_with_a_model(self) -> bool:
+        """The draft runs a forward pass that writes KV at the draft positions (layer_skip,
+        draft_model): those slots must be reserved ahead (lookahead)."""
+        return self.method in ("layer_skip", "draft_model")
 
     @classmethod
     def from_dict(cls, d: dict) -> SpeculativeConfig:
@@ -143,6 +164,11 @@ class TokenmillConfig:
     scheduler: SchedulerConfig
     device: DeviceConfig
     speculative: SpeculativeConfig | None = None
+
+
+def _positive_int(name: str, value: object) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"speculative_config.{name} must be an integer >= 1, got {value!r}")
 
 
 def _choice(name: str, value: str, allowed: tuple[str, ...]) -> None:

@@ -98,7 +98,8 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     eng.add_argument("--tokenizer", default=d["tokenizer"], help="tokenizer folder (default: the model's)")
     eng.add_argument("--speculative-config", type=json_object, default=d["speculative_config"],
                      help='speculative decoding, as vLLM\'s: e.g. \'{"method": "ngram", "num_speculative_tokens": 4, '
-                          '"prompt_lookup_max": 5, "prompt_lookup_min": 2}\' (default: off)')
+                          '"prompt_lookup_max": 5, "prompt_lookup_min": 2}\'; methods ngram, layer_skip '
+                          '(+ "num_draft_layers"), draft_model (+ "model": an HF folder or .gguf) (default: off)')
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict:

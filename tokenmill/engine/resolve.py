@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from tokenmill.config import CacheConfig, DeviceConfig, EngineConfig, ModelSpec, SpeculativeConfig, TokenmillConfig
+from tokenmill.config import CacheConfig, DeviceConfig, EngineConfig, ModelSpec, TokenmillConfig
 from tokenmill.core.scheduler import SchedulerConfig
 from tokenmill.cpu import available_memory_bytes, core_budget, cpu_has_bf16
 from tokenmill.models.identity import model_content_id
@@ -22,17 +22,22 @@ DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 
 
 def resolve_config(cfg: EngineConfig) -> TokenmillConfig:
+    from tokenmill.spec.resolve import draft_kv_bytes_per_token, resolve_speculative
     model = resolve_model(cfg)
     budget = core_budget(cfg.num_threads)
+    spec = resolve_speculative(cfg.speculative_config, model)
+    draft_bytes = draft_kv_bytes_per_token(spec, cfg.kv_cache_dtype, TORCH_DTYPES[model.dtype], cfg.block_size)
     return TokenmillConfig(
         model=model,
-        cache=resolve_cache(cfg, model),
+        cache=resolve_cache(cfg, model, draft_bytes),
         scheduler=SchedulerConfig(max_num_batched_tokens=cfg.max_num_batched_tokens, max_num_seqs=cfg.max_num_seqs,
                                   max_model_len=model.max_model_len,
-                                  long_prefill_token_threshold=cfg.long_prefill_token_threshold),
+                                  long_prefill_token_threshold=cfg.long_prefill_token_threshold,
+                                  num_lookahead_tokens=spec.num_speculative_tokens if spec and spec.drafts_with_a_model
+                                  else 0),
         device=DeviceConfig(num_threads=budget.threads, adaptive_threads=cfg.num_threads is None,
                             threads_reason=budget.reason, attention_backend=cfg.attention_backend, seed=cfg.seed),
-        speculative=SpeculativeConfig.from_dict(cfg.speculative_config) if cfg.speculative_config else None)
+        speculative=spec)
 
 
 def resolve_model_folder(model: str | None) -> Path:
@@ -48,10 +53,18 @@ def resolve_model_folder(model: str | None) -> Path:
     return path
 
 
+def read_arch(folder: str | Path) -> ModelConfig:
+    return _arch_from_hf(read_hf_config(folder))
+
+
+def _arch_from_hf(hf: dict) -> ModelConfig:
+    return get_model_class((hf.get("architectures") or ["?"])[0]).config_from_hf(hf)
+
+
 def resolve_model(cfg: EngineConfig) -> ModelSpec:
     folder = resolve_model_folder(cfg.model)
     hf = read_hf_config(folder)
-    arch = get_model_class((hf.get("architectures") or ["?"])[0]).config_from_hf(hf)
+    arch = _arch_from_hf(hf)
     dtype = resolve_dtype(cfg.dtype)
     name = cfg.served_model_name or (Path(cfg.model).stem if cfg.model else DEFAULT_MODEL_NAME)
     return ModelSpec(path=str(folder), tokenizer=str(cfg.tokenizer or folder), served_name=name, arch=arch,
@@ -84,10 +97,12 @@ def kv_budget_bytes(kv_cache_memory_gb: float | None) -> int:
     return int(min(max(0.1 * available_memory_bytes(), 0.25 * (1 << 30)), 4 * (1 << 30)))
 
 
-def resolve_cache(cfg: EngineConfig, model: ModelSpec) -> CacheConfig:
+def resolve_cache(cfg: EngineConfig, model: ModelSpec, draft_bytes_per_token: float = 0.0) -> CacheConfig:
+    """A draft model's KV (draft_bytes_per_token) shares the budget: it has as many blocks."""
     cls = get_model_class(model.arch.architecture)
     per_token = cls.kv_bytes_per_token(model.arch, cfg.kv_cache_dtype, TORCH_DTYPES[model.dtype], cfg.block_size)
-    num_blocks = cfg.num_kv_blocks or int(kv_budget_bytes(cfg.kv_cache_memory_gb) // (per_token * cfg.block_size))
+    num_blocks = cfg.num_kv_blocks or int(kv_budget_bytes(cfg.kv_cache_memory_gb)
+                                          // ((per_token + draft_bytes_per_token) * cfg.block_size))
     if num_blocks < 1:
         raise ValueError(f"kv_cache_memory_gb={cfg.kv_cache_memory_gb} holds no KV block "
                          f"({per_token * cfg.block_size:.0f} bytes per block)")

@@ -11,6 +11,9 @@
   module's weight loader (`Linear.load_weight`, so a quantized format decides how it is stored).
 - `tie_weights()`: shared parameters (tied embeddings), re-tied after materializing.
 - `forward(input_ids, positions, kv_caches, backend, meta)` -> hidden states, `compute_logits`.
+  `forward` runs one decoder layer per entry of `kv_caches`, in order, then the final norm: a
+  shorter list runs only the first layers (`forward_first_layers`, the self-speculative draft).
+- `allocate_kv_caches(...)`: the per-layer KV tensors for a number of blocks.
 """
 from __future__ import annotations
 
@@ -20,6 +23,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
+from tokenmill.attention.backend import AttentionBackend
 from tokenmill.attention.kv_cache import KVCacheSpec, make_kv_cache_spec
 from tokenmill.models.linear import Linear
 from tokenmill.models.model_config import ModelConfig
@@ -52,6 +56,21 @@ class CausalLM(nn.Module):
     def kv_bytes_per_token(cls, cfg: ModelConfig, kv_cache_dtype: str, dtype: torch.dtype, block_size: int) -> float:
         spec = cls.kv_cache_spec(cfg, kv_cache_dtype, dtype, block_size)
         return spec.bytes_per_token * cls.num_kv_cache_layers(cfg)
+
+    @classmethod
+    def allocate_kv_caches(cls, cfg: ModelConfig, kv_cache_dtype: str, dtype: torch.dtype, block_size: int,
+                           num_blocks: int) -> list[tuple[torch.Tensor, ...]]:
+        spec = cls.kv_cache_spec(cfg, kv_cache_dtype, dtype, block_size).with_num_blocks(num_blocks)
+        return [spec.allocate() for _ in range(cls.num_kv_cache_layers(cfg))]
+
+    # -- hooks: forward ------------------------------------------------------------------------
+    def forward_first_layers(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: list,
+                             backend: AttentionBackend, meta: object, num_layers: int) -> torch.Tensor:
+        """Final-normed hidden states after only the first num_layers layers (an early exit):
+        the layers' KV goes to the same caches as a full forward's."""
+        if not 1 <= num_layers <= len(kv_caches):
+            raise ValueError(f"num_layers must be in [1, {len(kv_caches)}], got {num_layers}")
+        return self(input_ids, positions, kv_caches[:num_layers], backend, meta)
 
     # -- hooks: weights ------------------------------------------------------------------------
     def map_checkpoint_name(self, name: str) -> tuple[str, int | None]:

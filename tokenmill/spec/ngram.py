@@ -5,6 +5,9 @@ prompt_lookup_max down to prompt_lookup_min. Strong where the output repeats its
 from __future__ import annotations
 
 import numpy as np
+import torch
+
+from tokenmill.spec.proposer import DraftRequest
 
 
 class NgramProposer:
@@ -13,7 +16,13 @@ class NgramProposer:
         self.min_n = min_n
         self.max_n = max_n
 
-    def propose(self, token_ids: list[int], k: int | None = None) -> list[int]:
+    def observe(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: object) -> None:
+        pass  # no model
+
+    def propose(self, reqs: list[DraftRequest]) -> list[list[int]]:
+        return [self.lookup(r.token_ids, r.k) for r in reqs]
+
+    def lookup(self, token_ids: list[int], k: int | None = None) -> list[int]:
         k = self.k if k is None else k
         if k <= 0 or len(token_ids) <= self.min_n:
             return []

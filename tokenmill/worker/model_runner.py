@@ -16,7 +16,7 @@ from tokenmill.engine.resolve import TORCH_DTYPES
 from tokenmill.models.loader import build_model
 from tokenmill.models.registry import get_model_class
 from tokenmill.sampling_params import SamplingParams
-from tokenmill.spec.ngram import NgramProposer
+from tokenmill.spec.proposer import DraftRequest, Target, make_proposer
 from tokenmill.spec.rejection import verify
 from tokenmill.structured.matcher import StructuredDecoding
 from tokenmill.worker.sampler import Sampler
@@ -71,7 +71,8 @@ class ModelRunner:
         cls = get_model_class(model.arch.architecture)
         layer_spec = cls.kv_cache_spec(model.arch, cache.kv_cache_dtype, self.dtype, cache.block_size)
         self.kv_spec = layer_spec.with_num_blocks(cache.num_blocks)
-        self.kv_caches = [self.kv_spec.allocate() for _ in range(cls.num_kv_cache_layers(model.arch))]
+        self.kv_caches = cls.allocate_kv_caches(model.arch, cache.kv_cache_dtype, self.dtype, cache.block_size,
+                                                cache.num_blocks)
         self.kv_bytes_per_token = cache.bytes_per_token
         self.sampler = Sampler(model.arch.vocab_size)
         self.structured = StructuredDecoding(str(model.tokenizer), model.arch.vocab_size)
@@ -79,11 +80,11 @@ class ModelRunner:
         self.spec = config.speculative
         self.proposer = None
         if self.spec is not None:
-            self.proposer = NgramProposer(self.spec.num_speculative_tokens, self.spec.prompt_lookup_min,
-                                          self.spec.prompt_lookup_max)
-            logger.info("speculative decoding: %s, up to %d draft tokens (n-gram %d..%d), off above %d decoding "
-                        "requests", self.spec.method, self.spec.num_speculative_tokens, self.spec.prompt_lookup_min,
-                        self.spec.prompt_lookup_max, self.spec.disable_by_batch_size)
+            self.proposer = make_proposer(self.spec, Target(
+                self.model, self.kv_caches, self.backend, cache.block_size, cache.num_blocks, cache.kv_cache_dtype,
+                self.dtype, model.max_model_len))
+            logger.info("speculative decoding: %s, up to %d draft tokens, off above %d decoding requests (%s)",
+                        self.spec.method, self.spec.num_speculative_tokens, self.spec.disable_by_batch_size, self.spec)
         logger.info("model %s (%s) from %s: dtype %s, max_model_len %d; attention backend %s, linear %s",
                     model.served_name, model.arch.architecture, model.path, model.dtype, model.max_model_len,
                     self.backend.name, type(self.model.lm_head.quant_method).__name__)
@@ -101,6 +102,8 @@ class ModelRunner:
         input_ids, positions, layout, sample_idx, samples = self._layout(out)
         meta = self.backend.build_metadata(layout)
         hidden = self.model(input_ids, positions, self.kv_caches, self.backend, meta)
+        if self.proposer is not None:
+            self.proposer.observe(input_ids, positions, meta)
         if not samples:
             return ModelRunnerOutput([], [])
         logits = self.model.compute_logits(hidden[torch.tensor(sample_idx)])
@@ -142,14 +145,14 @@ class ModelRunner:
         if len(samples) > self.spec.disable_by_batch_size:
             return [[] for _ in samples]
         k_max = self.spec.num_speculative_tokens
-        drafts = []
+        reqs = []
         for (req, verified), toks in zip(samples, tokens):
-            if self.structured.is_constrained(req.request_id):  # no drafts: the grammar is not in verify()
-                drafts.append([])
-                continue
             req.spec_k = min(k_max, len(toks)) if verified else (req.spec_k or k_max)
-            drafts.append(self.proposer.propose(req.token_ids, req.spec_k))
-        return drafts
+            # no drafts for a constrained request: the grammar is not in verify()
+            k = 0 if self.structured.is_constrained(req.request_id) else req.spec_k
+            accepted = len(toks) - 1 if verified else 0
+            reqs.append(DraftRequest(req.token_ids, req.block_ids, k, len(verified), accepted))
+        return self.proposer.propose(reqs)
 
     def _update_states(self, out: SchedulerOutput) -> None:
         for rid in out.finished_request_ids:

@@ -1,0 +1,44 @@
+"""A separate draft model (same tokenizer as the target) drafts greedily with its own paged KV
+cache: its own per-layer tensors, sized for its layers and heads, addressed by the target's block
+ids (same block size and count). It runs every flat batch the target runs, at the same slots, so
+its cache holds exactly the positions the target's does: prefix-cache hits, preemption and
+rollback need nothing more. Its drafting steps then write the draft positions, as the target's
+verification pass does after them."""
+from __future__ import annotations
+
+import torch
+
+from tokenmill.engine.resolve import read_arch
+from tokenmill.models.loader import build_model
+from tokenmill.models.model_config import ModelConfig
+from tokenmill.models.registry import get_model_class
+from tokenmill.spec.greedy_draft import GreedyDrafter
+from tokenmill.spec.proposer import Target
+
+
+class DraftModelProposer(GreedyDrafter):
+    def __init__(self, target: Target, k_max: int, folder: str) -> None:
+        super().__init__(target, k_max)
+        arch = read_arch(folder)
+        self.model = build_model(arch, folder, target.dtype, target.max_model_len)
+        self.kv_caches = get_model_class(arch.architecture).allocate_kv_caches(
+            arch, target.kv_cache_dtype, target.dtype, target.block_size, target.num_blocks)
+
+    def observe(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: object) -> None:
+        super().observe(input_ids, positions, meta)
+        self.model(input_ids, positions, self.kv_caches, self.target.backend, meta)
+
+    def logits(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: object) -> torch.Tensor:
+        return self.model.compute_logits(self.model(input_ids, positions, self.kv_caches, self.target.backend, meta))
+
+
+def check_same_tokenizer(target: ModelConfig, target_tokenizer: str, draft: ModelConfig, draft_folder: str) -> None:
+    """The draft's token ids must mean the target's: same vocabulary size and same tokenizer."""
+    from tokenmill.engine.tokenizer import load_tokenizer
+    if draft.vocab_size != target.vocab_size:
+        raise ValueError(f"speculative_config.model: the draft's vocab_size {draft.vocab_size} differs from the "
+                         f"target's {target.vocab_size}; the draft must use the target's tokenizer")
+    a, b = load_tokenizer(target_tokenizer), load_tokenizer(draft_folder)
+    if a.get_vocab() != b.get_vocab() or a.eos_token_id != b.eos_token_id:
+        raise ValueError(f"speculative_config.model: the draft's tokenizer ({draft_folder}) differs from the "
+                         f"target's ({target_tokenizer}); the draft must use the target's tokenizer")
