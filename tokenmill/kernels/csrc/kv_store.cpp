@@ -12,15 +12,21 @@
 
 namespace {
 
+// tokens per task: a prefill chunk's rows go to every thread (first writes to a cache page fault it in,
+// so the copy is slower than its bytes suggest); a decode step's few rows stay on one
+constexpr int64_t kGrain = 64;
+
 void store_rows(at::Tensor& cache, at::Tensor& x, const int64_t* slots, int64_t T) {
   const int64_t H = cache.size(1), D = cache.size(2), esize = cache.element_size();
   auto* dst = static_cast<char*>(cache.data_ptr());
   const auto* src = static_cast<const char*>(x.data_ptr());
   const int64_t s0 = x.stride(0) * esize, s1 = x.stride(1) * esize, row = H * D * esize;
-  for (int64_t t = 0; t < T; ++t) {
-    char* d = dst + slots[t] * row;
-    for (int64_t h = 0; h < H; ++h) std::memcpy(d + h * D * esize, src + t * s0 + h * s1, D * esize);
-  }
+  at::parallel_for(0, T, kGrain, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      char* d = dst + slots[t] * row;
+      for (int64_t h = 0; h < H; ++h) std::memcpy(d + h * D * esize, src + t * s0 + h * s1, D * esize);
+    }
+  });
 }
 
 // float32 rows -> bf16 cache rows, rounded to nearest even (NaN stays NaN); the rounded values are
@@ -41,13 +47,15 @@ void store_rows_bf16(at::Tensor& cache, at::Tensor& x, const int64_t* slots, int
   auto* dst = reinterpret_cast<uint16_t*>(cache.data_ptr<at::BFloat16>());
   float* src = x.data_ptr<float>();
   const int64_t s0 = x.stride(0), s1 = x.stride(1);
-  for (int64_t t = 0; t < T; ++t)
-    for (int64_t h = 0; h < H; ++h) {
-      float* in = src + t * s0 + h * s1;
-      uint16_t* out = dst + (slots[t] * H + h) * D;
+  at::parallel_for(0, T, kGrain, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t)
+      for (int64_t h = 0; h < H; ++h) {
+        float* in = src + t * s0 + h * s1;
+        uint16_t* out = dst + (slots[t] * H + h) * D;
 #pragma omp simd
-      for (int64_t i = 0; i < D; ++i) out[i] = round_bf16(in[i]);
-    }
+        for (int64_t i = 0; i < D; ++i) out[i] = round_bf16(in[i]);
+      }
+  });
 }
 
 void store_kv(at::Tensor k_cache, at::Tensor v_cache, at::Tensor k, at::Tensor v, const at::Tensor& slots) {
