@@ -33,6 +33,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from tokenmill.bench.offline import Result, machine, make_w1, print_table
+from tokenmill.cpu import isa_flags
 
 PEER_SCRIPT = REPO / "tokenmill" / "bench" / "peer_vllm.py"
 PREFIX = "PEER_VLLM_JSON "
@@ -249,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{sum(wl.output_lens)} output tokens; dtype {dtype}; tokenmill engine start {ours_start_s:.1f} s",
           flush=True)
 
-    report: dict = {"machine": machine(), "cpu_flags_avx512": _avx512_flags(), "date": time.strftime("%Y-%m-%d %H:%M %Z"),
+    report: dict = {"machine": machine(), "cpu_flags_avx512": [f for f in isa_flags() if f.startswith(("avx512", "amx"))], "date": time.strftime("%Y-%m-%d %H:%M %Z"),
                     "argv": sys.argv, "dtype": dtype, "model": engine.config.model.path,
                     "num_requests": args.num_requests, "seed": args.seed,
                     "prompt_tokens": sum(map(len, wl.prompts)), "output_tokens": sum(wl.output_lens),
@@ -339,15 +340,6 @@ def main(argv: list[str] | None = None) -> int:
             json.dump(report, f, indent=2)
         print(f"wrote {args.json}")
     return 0
-
-
-def _avx512_flags() -> list[str]:
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = next(line for line in f if line.startswith("flags")).split(":", 1)[1].split()
-    except (OSError, StopIteration):
-        return []
-    return sorted(f for f in flags if f.startswith(("avx512", "amx")))
 
 
 if __name__ == "__main__":

@@ -20,6 +20,32 @@ def cpu_flags() -> frozenset[str]:
     return frozenset()
 
 
+def isa_flags() -> list[str]:
+    """The instruction-set flags our kernels dispatch on (avx2, fma, avx512*, amx*), sorted."""
+    return sorted(f for f in cpu_flags() if f in ("avx2", "fma") or f.startswith(("avx512", "amx")))
+
+
+@functools.lru_cache(maxsize=1)
+def cpu_model() -> str:
+    """`model name (family F model M)` from /proc/cpuinfo: "AMD EPYC" alone hides Zen 1 vs Zen 4."""
+    fields: dict[str, str] = {}
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                key = key.strip()
+                if key in ("model name", "cpu family", "model") and key not in fields:
+                    fields[key] = value.strip()
+                if not line.strip() and fields:
+                    break
+    except OSError:
+        pass
+    name = fields.get("model name", "unknown CPU")
+    if "cpu family" in fields and "model" in fields:
+        name += f" (family {fields['cpu family']} model {fields['model']})"
+    return name
+
+
 def cpu_has_bf16() -> bool:
     return "avx512_bf16" in cpu_flags()
 

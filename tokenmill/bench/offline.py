@@ -93,13 +93,10 @@ def run_transformers(folder: str, wl: Workload, dtype, batch_size: int = 32) -> 
 
 
 def machine() -> str:
-    cpu = "unknown CPU"
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    return f"{cpu}, {len(os.sched_getaffinity(0))} cores, {platform.python_version()}"
+    """The CPU a figure came from: model, family/model, the ISA flags that matter, cores, Python."""
+    from tokenmill.cpu import cpu_model, isa_flags
+    return (f"{cpu_model()}, {len(os.sched_getaffinity(0))} cores, ISA {' '.join(isa_flags()) or 'baseline'}, "
+            f"Python {platform.python_version()}")
 
 
 def print_table(results: list[Result]) -> None:

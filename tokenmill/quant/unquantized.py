@@ -90,12 +90,16 @@ class Bf16PanelLinearMethod(_PackedLinearMethod):
 
 
 class OneDNNBf16LinearMethod(Bf16PanelLinearMethod):
+    def load(self, layer: Linear) -> None:
+        super().load(layer)
+        layer.bias_bf16 = None if layer.bias is None else layer.bias.to(torch.bfloat16)
+
     def pack(self, weight: torch.Tensor) -> torch.Tensor:
         return torch.ops.mkldnn._reorder_linear_weight(weight.to(torch.bfloat16))
 
     def apply_packed(self, layer: Linear, x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
-        bias = None if layer.bias is None else layer.bias.to(torch.bfloat16)
-        y = torch.ops.mkldnn._linear_pointwise(x.to(torch.bfloat16).contiguous(), packed, bias, "none", [], "")
+        y = torch.ops.mkldnn._linear_pointwise(x.to(torch.bfloat16).contiguous(), packed, layer.bias_bf16, "none",
+                                               [], "")
         return y.float()
 
 
@@ -114,6 +118,8 @@ class UnquantizedConfig:
     def __init__(self, dtype: torch.dtype) -> None:
         self.dtype = dtype
         self.bf16_panels = dtype == torch.bfloat16 and cpu_ops.load()
+        # AMX tiles granted by the OS: oneDNN's bf16 kernels use them, ours do not
+        self.bf16_onednn = self.bf16_panels and "amx=usable" in cpu_ops.isa() and _has_onednn_linear()
 
     @property
     def activation_dtype(self) -> torch.dtype:
@@ -121,9 +127,7 @@ class UnquantizedConfig:
 
     def get_linear_method(self, prefix: str) -> LinearMethod:
         if self.bf16_panels:
-            if "amx=usable" in cpu_ops.isa() and _has_onednn_linear():
-                return OneDNNBf16LinearMethod()
-            return Bf16PanelLinearMethod()
+            return OneDNNBf16LinearMethod() if self.bf16_onednn else Bf16PanelLinearMethod()
         if self.dtype == torch.float32:
             if cpu_ops.load():
                 return PanelLinearMethod()
