@@ -18,6 +18,8 @@ from tokenmill.models.model_config import ModelConfig
 
 DTYPES = ("auto", "bfloat16", "float32", "float16")
 KV_CACHE_DTYPES = ("auto", "int8", "fp8")
+QUANTIZATIONS = ("gguf", "none", "int8", "int4")
+QUANT_GROUP_SIZES = (32, 64, 128)
 ATTENTION_BACKENDS = ("auto", "cpu", "torch", "reference")
 BLOCK_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
@@ -32,6 +34,11 @@ class EngineConfig:
     kv_cache_memory_gb: float | None = None  # None: 10% of available memory, within [0.25, 4] GiB
     num_kv_blocks: int | None = None  # overrides the budget (tests, simulations)
     kv_cache_dtype: str = "auto"
+    # weight format: gguf (a .gguf's quantized blocks kept), none (float weights in `dtype`), int8
+    # (per output channel) / int4 (per group of quant_group_size inputs), weight-only, at load;
+    # None: gguf for a .gguf model (the default model too), none for a Hugging Face folder
+    quantization: str | None = None
+    quant_group_size: int = 32
     enable_prefix_caching: bool = True
     max_num_batched_tokens: int = 1024
     max_num_seqs: int = 128
@@ -45,6 +52,10 @@ class EngineConfig:
     def __post_init__(self) -> None:
         _choice("dtype", self.dtype, DTYPES)
         _choice("kv_cache_dtype", self.kv_cache_dtype, KV_CACHE_DTYPES)
+        if self.quantization is not None:
+            _choice("quantization", self.quantization, QUANTIZATIONS)
+        if self.quant_group_size not in QUANT_GROUP_SIZES:
+            raise ValueError(f"quant_group_size must be one of 32, 64, 128; got {self.quant_group_size!r}")
         _choice("attention_backend", self.attention_backend, ATTENTION_BACKENDS)
         if self.block_size not in BLOCK_SIZES:
             raise ValueError(f"block_size must be a power of two in [1, 256], got {self.block_size}")
@@ -71,6 +82,9 @@ class ModelSpec:
     arch: ModelConfig
     dtype: str  # resolved: float32 | bfloat16 | float16
     max_model_len: int
+    quantization: str  # resolved: gguf | none | int8 | int4
+    quant_group_size: int
+    gguf_file: str | None  # the .gguf the folder was converted from (quantization gguf reads it)
     # architecture, config, dtype and a fingerprint of the weights, never a path: two engines on
     # different machines with the same model agree on it (and so on prefix-cache block hashes)
     content_id: str

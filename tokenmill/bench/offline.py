@@ -114,6 +114,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--num-requests", type=int, default=200)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--quantization", default=None, choices=["gguf", "none", "int8", "int4"],
+                   help="weight format (default: the engine's: gguf for a .gguf model)")
     p.add_argument("--baseline", default="transformers", choices=["transformers", "none"])
     p.add_argument("--max-num-seqs", type=int, default=128)
     p.add_argument("--max-num-batched-tokens", type=int, default=1024)
@@ -132,13 +134,14 @@ def run(args: argparse.Namespace) -> int:
         print("error: --num-requests must be >= 1", file=sys.stderr)
         return 2
     llm = LLM(args.model, dtype=args.dtype, max_num_seqs=args.max_num_seqs,
-              max_num_batched_tokens=args.max_num_batched_tokens)
+              max_num_batched_tokens=args.max_num_batched_tokens, quantization=args.quantization)
     engine = llm.llm_engine
     wl = make_w1(args.num_requests, engine.vocab_size, args.seed)
     results = [run_tokenmill(llm, wl)]
     if args.baseline == "transformers":
         results.append(run_transformers(engine.config.model.path, wl, engine.runner.dtype))
-    print(f"machine: {machine()}; date: {time.strftime('%Y-%m-%d')}; model dtype {engine.config.model.dtype}")
+    print(f"machine: {machine()}; date: {time.strftime('%Y-%m-%d')}; model dtype {engine.config.model.dtype}, "
+          f"quantization {engine.config.model.quantization}")
     print_table(results)
     if args.json:
         with open(args.json, "w") as f:

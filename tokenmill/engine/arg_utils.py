@@ -7,12 +7,13 @@ import json
 import dataclasses
 import re
 
-from tokenmill.config import ATTENTION_BACKENDS, DTYPES, KV_CACHE_DTYPES, EngineConfig
+from tokenmill.config import ATTENTION_BACKENDS, DTYPES, KV_CACHE_DTYPES, QUANTIZATIONS, EngineConfig
 
 _ENGINE_DEFAULTS = {f.name: f.default for f in dataclasses.fields(EngineConfig)}
 
 # EngineConfig field -> flag; every one defaults to EngineConfig's own default
 ENGINE_FLAGS = ("dtype", "max_model_len", "block_size", "kv_cache_memory_gb", "num_kv_blocks", "kv_cache_dtype",
+                "quantization", "quant_group_size",
                 "enable_prefix_caching", "max_num_batched_tokens", "max_num_seqs",
                 "long_prefill_token_threshold", "attention_backend", "seed", "num_threads", "tokenizer",
                 "speculative_config")
@@ -82,6 +83,14 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                      help="number of KV blocks, overriding the memory budget")
     eng.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default=d["kv_cache_dtype"],
                      help="KV cache dtype (default: %(default)s)")
+    eng.add_argument("--quantization", "-q", choices=QUANTIZATIONS, default=d["quantization"],
+                     help="weight format: gguf keeps a .gguf file's Q4_0/Q4_1/Q8_0 blocks and computes on them; "
+                          "none dequantizes to --dtype; int8 (per output channel) / int4 (per group, see "
+                          "--quant-group-size) quantize the linear layers at load, weight-only, round to nearest "
+                          "(default: gguf for a .gguf model, the default model included; none for a Hugging Face "
+                          "folder)")
+    eng.add_argument("--quant-group-size", type=int, choices=(32, 64, 128), default=d["quant_group_size"],
+                     help="inputs per int4 scale (default: %(default)s)")
     eng.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
                      default=d["enable_prefix_caching"], help="reuse KV blocks of shared prefixes (default: on)")
     eng.add_argument("--max-num-batched-tokens", type=positive_int, default=d["max_num_batched_tokens"],

@@ -41,16 +41,30 @@ def resolve_config(cfg: EngineConfig) -> TokenmillConfig:
 
 
 def resolve_model_folder(model: str | None) -> Path:
+    return _resolve_source(model)[0]
+
+
+def _resolve_source(model: str | None) -> tuple[Path, Path | None]:
+    """(Hugging Face folder, the .gguf it was converted from or None)."""
     if model is None:
-        from tokenmill.models.default_model import resolve_default_model
-        return resolve_default_model()
+        from tokenmill.models.default_model import find_default_gguf
+        model = str(find_default_gguf())
     path = Path(model)
     if path.suffix == ".gguf":
         from tokenmill.models.gguf_convert import gguf_to_hf_folder
-        return gguf_to_hf_folder(path)
+        return gguf_to_hf_folder(path), path
     if not path.is_dir():
         raise ValueError(f"model must be a Hugging Face folder or a .gguf file; got {model!r}")
-    return path
+    return path, None
+
+
+def resolve_quantization(requested: str | None, gguf_file: Path | None) -> str:
+    if requested is None:
+        return "gguf" if gguf_file is not None else "none"
+    if requested == "gguf" and gguf_file is None:
+        raise ValueError("quantization='gguf' keeps a .gguf file's quantized blocks: give a .gguf model "
+                         "(this model is a Hugging Face folder; use quantization='none')")
+    return requested
 
 
 def read_arch(folder: str | Path) -> ModelConfig:
@@ -62,14 +76,17 @@ def _arch_from_hf(hf: dict) -> ModelConfig:
 
 
 def resolve_model(cfg: EngineConfig) -> ModelSpec:
-    folder = resolve_model_folder(cfg.model)
+    folder, gguf_file = _resolve_source(cfg.model)
     hf = read_hf_config(folder)
     arch = _arch_from_hf(hf)
     dtype = resolve_dtype(cfg.dtype)
+    quantization = resolve_quantization(cfg.quantization, gguf_file)
     name = cfg.served_model_name or (Path(cfg.model).stem if cfg.model else DEFAULT_MODEL_NAME)
     return ModelSpec(path=str(folder), tokenizer=str(cfg.tokenizer or folder), served_name=name, arch=arch,
                      dtype=dtype, max_model_len=resolve_max_model_len(arch, cfg.max_model_len),
-                     content_id=model_content_id(hf, folder, dtype))
+                     quantization=quantization, quant_group_size=cfg.quant_group_size,
+                     gguf_file=str(gguf_file) if gguf_file else None,
+                     content_id=model_content_id(hf, folder, f"{dtype}/{quantization}/{cfg.quant_group_size}"))
 
 
 def resolve_dtype(name: str) -> str:

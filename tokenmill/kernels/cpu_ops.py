@@ -21,7 +21,8 @@ logger = logging.getLogger(__name__)
 
 _CSRC = Path(__file__).parent / "csrc"
 _SOURCES = [_CSRC / name for name in ("cpu_isa.cpp", "paged_decode.cpp", "layer_ops.cpp", "panel_gemm.cpp",
-                                      "bf16_gemm.cpp", "gemm_avx512.cpp", "kv_store.cpp", "prefill_attention.cpp")]
+                                      "bf16_gemm.cpp", "gemm_avx512.cpp", "kv_store.cpp", "prefill_attention.cpp",
+                                      "quant_gemm.cpp", "quant_avx512.cpp")]
 
 
 def _baseline_flags() -> list[str]:
@@ -66,7 +67,7 @@ def _build() -> bool:
         ok = _registered()
         if ok:
             logger.info("C++ CPU kernels %s (%s): paged decode and prefill attention, float32 and bf16 panel "
-                        "GEMM, fused layer ops, KV store; baseline %s, run-time ISA: %s", "loaded" if cached else
+                        "GEMM, block-quantized (int8/int4) GEMM, fused layer ops, KV store; baseline %s, run-time ISA: %s", "loaded" if cached else
                         f"compiled in {time.monotonic() - t0:.0f} s", name, " ".join(_baseline_flags()) or "generic",
                         torch.ops.tokenmill.cpu_isa())
         return ok
@@ -114,7 +115,8 @@ def _registered() -> bool:
 
 
 _OPS = ("cpu_isa", "set_cpu_isa", "paged_decode", "fused_add_rms_norm", "rms_norm", "silu_and_mul", "rotary_",
-        "pack_panels", "panel_linear", "pack_bf16_panels", "bf16_panel_linear", "store_kv", "prefill_attention")
+        "pack_panels", "panel_linear", "pack_bf16_panels", "bf16_panel_linear", "store_kv", "prefill_attention",
+        "pack_q4", "pack_q8", "q4_linear", "q8_linear", "q_dequantize", "q_dequantize_rows")
 
 
 def isa() -> str:

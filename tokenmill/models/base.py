@@ -112,7 +112,9 @@ class CausalLM(nn.Module):
                 module.quant_method.load(module)
 
 
-def _copy_checked(name: str, param: torch.Tensor, tensor: torch.Tensor) -> None:
+def _copy_checked(name: str, param: torch.Tensor, tensor) -> None:
+    if hasattr(tensor, "dequantize"):  # a quantized checkpoint tensor for a float parameter (embedding)
+        tensor = tensor.dequantize()
     if param.shape != tensor.shape:
         raise ValueError(f"weight {name!r}: shape {tuple(tensor.shape)}, expected {tuple(param.shape)}")
     with torch.no_grad():

@@ -45,7 +45,7 @@ _BLOCK_NAMES = {
     "ffn_down": "mlp.down_proj",
 }
 # llama.cpp computes these itself or they carry nothing HF needs.
-_SKIPPED_TENSORS = {"rope_freqs.weight"}
+SKIPPED_TENSORS = {"rope_freqs.weight"}
 _BLOCK_RE = re.compile(r"^blk\.(\d+)\.(\w+)\.(weight|bias)$")
 _UNWANTED_TOKENIZER_KEYS = ("is_local", "local_files_only", "gguf_file", "name_or_path")
 
@@ -193,7 +193,7 @@ def _special_token_ids(meta: dict[str, Any]) -> dict[str, Any]:
 def _convert_tensors(reader: GGUFReader, arch: str, config: dict[str, Any]) -> dict[str, torch.Tensor]:
     out: dict[str, torch.Tensor] = {}
     for t in tqdm(reader.tensors, desc="Converting GGUF tensors", unit="tensor"):
-        if t.name in _SKIPPED_TENSORS:
+        if t.name in SKIPPED_TENSORS:
             logger.warning("skipping GGUF tensor %s: llama3-style rope scaling is not reconstructed", t.name)
             continue
         hf_name = hf_tensor_name(t.name)
@@ -218,16 +218,31 @@ def hf_tensor_name(gguf_name: str) -> str:
 
 
 def _unpermute_qk(name: str, weights: np.ndarray, config: dict[str, Any]) -> np.ndarray:
-    """Undo llama.cpp's Q/K row permutation (it interleaves each head's two rope halves)."""
     if ".attn_q." in name:
-        n_head = config["num_attention_heads"]
-    elif ".attn_k." in name:
-        n_head = config["num_key_value_heads"]
-    else:
-        return weights
-    half = weights.shape[0] // n_head // 2
-    w = weights.reshape(n_head, half, 2, *weights.shape[1:])
-    return w.swapaxes(1, 2).reshape(weights.shape)
+        return unpermute_qk_rows(weights, config["num_attention_heads"])
+    if ".attn_k." in name:
+        return unpermute_qk_rows(weights, config["num_key_value_heads"])
+    return weights
+
+
+def unpermute_qk_rows(rows: np.ndarray, n_head: int) -> np.ndarray:
+    """Undo llama.cpp's Q/K row permutation (it interleaves each head's two rope halves). Rows move
+    whole, so this works on float rows and on rows of quantized blocks alike."""
+    half = rows.shape[0] // n_head // 2
+    w = rows.reshape(n_head, half, 2, *rows.shape[1:])
+    return w.swapaxes(1, 2).reshape(rows.shape)
+
+
+def gguf_qk_heads(reader: GGUFReader) -> dict[str, int]:
+    """GGUF tensor name -> head count for the Q/K tensors whose rows need un-permuting (llama only)."""
+    meta = _read_metadata(reader)
+    arch = meta.get("general.architecture")
+    if arch != "llama":
+        return {}
+    heads = int(meta[f"{arch}.attention.head_count"])
+    kv_heads = int(meta.get(f"{arch}.attention.head_count_kv", heads))
+    return {t.name: heads if ".attn_q." in t.name else kv_heads
+            for t in reader.tensors if ".attn_q." in t.name or ".attn_k." in t.name}
 
 
 def _write_tokenizer(path: Path, out: Path, max_len: int) -> None:

@@ -1,7 +1,8 @@
 """Build a model from a Hugging Face safetensors folder (GGUF files are converted to one first, see
 gguf_convert.py): the architecture's class from the registry, created on the meta device in the
 model dtype, materialized, filled through its own `load_weights` hook, then each Linear's quant
-method repacks its weight."""
+method repacks its weight. A quant config may bring its own weight source (`iter_weights`: GGUF
+blocks read from the .gguf itself) and a last pass over the model (`process_model`)."""
 from __future__ import annotations
 
 import contextlib
@@ -47,10 +48,13 @@ def build_model(cfg: ModelConfig, folder: str | Path, dtype: torch.dtype, max_po
         model = cls(cfg, max_positions, quant)
     model = model.to_empty(device="cpu")
     model.tie_weights()
-    loaded = model.load_weights(iter_safetensors(folder))
+    weights = quant.iter_weights(folder) if hasattr(quant, "iter_weights") else iter_safetensors(folder)
+    loaded = model.load_weights(weights)
     _check_all_loaded(model, loaded)
     model = model.eval().requires_grad_(False)
     model.process_weights_after_loading()
+    if hasattr(quant, "process_model"):
+        quant.process_model(model)
     return model
 
 

@@ -1,6 +1,36 @@
-"""Weight formats as Linear quant methods (tokenmill/models/linear.py: LinearMethod)."""
+"""Weight formats as Linear quant methods (tokenmill/models/linear.py: LinearMethod).
+
+`quant_config(quantization, dtype, gguf_file)` picks one per engine:
+- "none": float weights in the model dtype (UnquantizedConfig; a .gguf is dequantized at load);
+- "gguf": a .gguf file's Q4_0 / Q4_1 / Q8_0 blocks kept as they are (GGUFConfig);
+- "int8" / "int4": float weights quantized at load, round to nearest (RTNConfig; int4 per group of
+  `group_size` inputs).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
 from tokenmill.quant.unquantized import UnquantizedConfig
 
-QuantConfig = UnquantizedConfig  # the one format today; int8/int4/GGUF-native methods plug in beside it
+QUANTIZATIONS = ("none", "gguf", "int8", "int4")
 
-__all__ = ["QuantConfig", "UnquantizedConfig"]
+
+def quant_config(quantization: str, dtype: torch.dtype, gguf_file: str | Path | None = None, group_size: int = 32):
+    if quantization == "none":
+        return UnquantizedConfig(dtype)
+    if quantization == "gguf":
+        if gguf_file is None:
+            raise ValueError("quantization='gguf' needs a .gguf model file")
+        from tokenmill.quant.gguf import GGUFConfig
+        return GGUFConfig(gguf_file, dtype)
+    if quantization in ("int8", "int4"):
+        from tokenmill.quant.rtn import RTNConfig
+        return RTNConfig(int(quantization[3:]), dtype, group_size)
+    raise ValueError(f"quantization must be one of {', '.join(QUANTIZATIONS)}; got {quantization!r}")
+
+
+QuantConfig = UnquantizedConfig  # the default when a caller names none
+
+__all__ = ["QUANTIZATIONS", "QuantConfig", "UnquantizedConfig", "quant_config"]

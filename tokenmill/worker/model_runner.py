@@ -15,6 +15,7 @@ from tokenmill.core.scheduler_output import NewRequestData, SchedulerOutput
 from tokenmill.engine.resolve import TORCH_DTYPES
 from tokenmill.models.loader import build_model
 from tokenmill.models.registry import get_model_class
+from tokenmill.quant import quant_config
 from tokenmill.sampling_params import SamplingParams
 from tokenmill.spec.proposer import DraftRequest, Target, make_proposer
 from tokenmill.spec.rejection import verify
@@ -66,7 +67,9 @@ class ModelRunner:
         self.dtype = TORCH_DTYPES[model.dtype]
         self.block_size = cache.block_size
         self.num_blocks = cache.num_blocks
-        self.model = build_model(model.arch, model.path, self.dtype, model.max_model_len)
+        self.model = build_model(model.arch, model.path, self.dtype, model.max_model_len,
+                                 quant_config(model.quantization, self.dtype, model.gguf_file,
+                                              model.quant_group_size))
         self.backend = get_attention_backend(device.attention_backend)
         cls = get_model_class(model.arch.architecture)
         layer_spec = cls.kv_cache_spec(model.arch, cache.kv_cache_dtype, self.dtype, cache.block_size)
@@ -85,9 +88,10 @@ class ModelRunner:
                 self.dtype, model.max_model_len))
             logger.info("speculative decoding: %s, up to %d draft tokens, off above %d decoding requests (%s)",
                         self.spec.method, self.spec.num_speculative_tokens, self.spec.disable_by_batch_size, self.spec)
-        logger.info("model %s (%s) from %s: dtype %s, max_model_len %d; attention backend %s, linear %s",
-                    model.served_name, model.arch.architecture, model.path, model.dtype, model.max_model_len,
-                    self.backend.name, type(self.model.lm_head.quant_method).__name__)
+        logger.info("model %s (%s) from %s: dtype %s, quantization %s, max_model_len %d; attention backend %s, "
+                    "linear %s", model.served_name, model.arch.architecture, model.gguf_file or model.path,
+                    model.dtype, model.quantization, model.max_model_len, self.backend.name,
+                    type(self.model.lm_head.quant_method).__name__)
         logger.info("KV cache (%s): %d blocks x %d tokens = %d tokens, %.0f bytes/token, %.2f GiB",
                     cache.kv_cache_dtype, cache.num_blocks, cache.block_size, cache.capacity_tokens,
                     cache.bytes_per_token, cache.capacity_tokens * cache.bytes_per_token / (1 << 30))

@@ -1,0 +1,143 @@
+"""Weight formats side by side on the default model: batch-1 decode against llama.cpp on the same
+GGUF file, and resident memory after loading.
+
+    python -m tokenmill.bench.quant [--threads 2] [--rounds 2] [--tokens 128] [--json FILE]
+
+decode  per-token decode time (TPOT) at batch 1, greedy, the same prompt, end of text banned so
+        every run generates --tokens tokens: (time for 1 + N tokens - time for 1 token) / N, the
+        best of 3 in each round, engines alternated round by round in one process each:
+          tokenmill gguf      the Q4_1 blocks kept (quantization="gguf", the default)
+          tokenmill bf16/f32  dequantized at load (quantization="none", dtype auto / float32)
+          llama.cpp           llama-cpp-python on the same .gguf, the same thread count
+                              (skipped with a note when llama_cpp is not installed)
+memory  resident set size of a fresh process after loading each format (minus the same process
+        before loading), and the bytes the weights occupy.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+from tokenmill.bench.offline import machine
+from tokenmill.bench.script import run_script, write_record
+
+PROMPT = "The history of the printing press begins"
+FORMATS = {"tokenmill gguf": {"quantization": "gguf", "dtype": "auto"},
+           "tokenmill bf16": {"quantization": "none", "dtype": "bfloat16"},
+           "tokenmill f32": {"quantization": "none", "dtype": "float32"}}
+
+
+class TokenmillDecoder:
+    def __init__(self, threads: int, **kwargs) -> None:
+        from tokenmill import LLM
+        self.llm = LLM(None, num_threads=threads, kv_cache_memory_gb=0.25, **kwargs)
+        self.ids = self.llm.get_tokenizer().encode(PROMPT)
+
+    def run(self, n: int) -> float:
+        from tokenmill import SamplingParams
+        params = SamplingParams(max_tokens=n, temperature=0, ignore_eos=True)
+        t0 = time.perf_counter()
+        out = self.llm.generate([{"prompt_token_ids": self.ids}], params, use_tqdm=False)[0]
+        assert len(out.outputs[0].token_ids) == n
+        return time.perf_counter() - t0
+
+
+class LlamaCppDecoder:
+    def __init__(self, threads: int, gguf_file: str) -> None:
+        from llama_cpp import Llama
+        self.llm = Llama(model_path=gguf_file, n_threads=threads, n_threads_batch=threads, n_ctx=1024, verbose=False)
+        # end of text banned (SmolLM2: <|endoftext|> 0, <|im_end|> 2) so every run has its length
+        self.banned = {tok: -1e9 for tok in {0, 2, self.llm.token_eos()}}
+
+    def run(self, n: int) -> float:
+        t0 = time.perf_counter()
+        out = self.llm.create_completion(PROMPT, max_tokens=n, temperature=0.0, logit_bias=self.banned)
+        assert out["usage"]["completion_tokens"] == n, out["usage"]
+        return time.perf_counter() - t0
+
+
+def tpot_ms(decoder, n: int) -> float:
+    decoder.run(n)  # warm-up
+    one = min(decoder.run(1) for _ in range(3))
+    full = min(decoder.run(n + 1) for _ in range(3))
+    return (full - one) / n * 1000
+
+
+def decoders(threads: int) -> dict:
+    from tokenmill.models.default_model import find_default_gguf
+    out = {name: (lambda kw=kw: TokenmillDecoder(threads, **kw)) for name, kw in FORMATS.items()}
+    try:
+        import llama_cpp  # noqa: F401
+        out["llama.cpp"] = lambda: LlamaCppDecoder(threads, str(find_default_gguf()))
+    except ImportError:
+        print("llama.cpp: llama_cpp not installed (pip install llama-cpp-python); skipped")
+    return out
+
+
+def measure_decode(threads: int, rounds: int, tokens: int) -> dict[str, list[float]]:
+    built = {name: make() for name, make in decoders(threads).items()}
+    results: dict[str, list[float]] = {name: [] for name in built}
+    for r in range(rounds):
+        for name, dec in (built.items() if r % 2 == 0 else reversed(built.items())):
+            results[name].append(tpot_ms(dec, tokens))
+            print(f"round {r + 1}: {name:<16} {results[name][-1]:6.2f} ms/token", flush=True)
+    return results
+
+
+def measure_memory(threads: int) -> dict[str, dict[str, float]]:
+    out = {}
+    for name, kw in FORMATS.items():
+        code = ("import json, os, sys, torch\n"
+                "from tokenmill.kernels import cpu_ops; cpu_ops.load()\n"
+                "from tokenmill import LLM\n"
+                "rss = lambda: int(open('/proc/self/statm').read().split()[1]) * os.sysconf('SC_PAGE_SIZE')\n"
+                "before = rss()\n"
+                f"llm = LLM(None, num_threads={threads}, num_kv_blocks=16, **json.loads(sys.argv[1]))\n"
+                "m = llm.llm_engine.runner.model\n"
+                "seen, total = set(), 0\n"
+                "for mod in m.modules():\n"
+                "    for t in list(mod.parameters(recurse=False)) + list(mod.buffers(recurse=False)) + "
+                "[getattr(mod, a) for a in ('records', 'packed') if isinstance(getattr(mod, a, None), torch.Tensor)]:\n"
+                "        if t.device.type != 'meta' and id(t) not in seen:\n"
+                "            seen.add(id(t)); total += t.numel() * t.element_size()\n"
+                "print(json.dumps({'rss_mb': (rss() - before) / 1e6, 'weight_mb': total / 1e6}))\n")
+        res = subprocess.run([sys.executable, "-c", code, json.dumps(kw)], capture_output=True, text=True,
+                             env={**os.environ, "TQDM_DISABLE": "1"})
+        if res.returncode:
+            raise RuntimeError(f"{name}: {res.stderr[-2000:]}")
+        out[name] = json.loads(res.stdout.strip().splitlines()[-1])
+        print(f"{name:<16} weights {out[name]['weight_mb']:7.1f} MB, RSS after loading +{out[name]['rss_mb']:7.1f} MB")
+    return out
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--tokens", type=int, default=128)
+    p.add_argument("--skip-memory", action="store_true")
+    p.add_argument("--json", default=None)
+
+
+def run(args: argparse.Namespace) -> int:
+    print(f"machine: {machine()}; date: {time.strftime('%Y-%m-%d %H:%M')}; threads {args.threads}")
+    memory = {} if args.skip_memory else measure_memory(args.threads)
+    decode = measure_decode(args.threads, args.rounds, args.tokens)
+    best = {name: min(v) for name, v in decode.items()}
+    print("\nbest TPOT per engine (ms/token):")
+    for name, v in best.items():
+        vs = f", {v / best['llama.cpp']:.2f}x llama.cpp" if "llama.cpp" in best else ""
+        print(f"  {name:<16} {v:6.2f}{vs}")
+    write_record(args.json, threads=args.threads, tokens=args.tokens, decode_ms=decode, best_ms=best, memory=memory)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_script(__doc__, add_arguments, run, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,94 @@
+"""`quantization="gguf"`: a .gguf model's Q4_0 / Q4_1 / Q8_0 tensors stay quantized.
+
+The weights are read from the .gguf file itself (memory-mapped by gguf's reader): quantized
+tensors reach the layers as `BlockQuantized` codes (quant/blocks.py), everything else (norms,
+biases, tensor types we do not keep) as float32 through the same name mapping and Q/K row
+un-permutation as the float conversion (models/gguf_convert.py), so both paths load the same
+model. Every Linear computes on block records; the embedding table becomes a `BlockEmbedding`
+sharing the LM head's records when the two are tied (the default model: one Q8_0 table, 30 MB,
+where float32 took 113 MB). Activations stay float32 around the kernels; the KV cache keeps the
+model dtype.
+"""
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from tokenmill.kernels import cpu_ops
+from tokenmill.models.linear import Linear, LinearMethod
+from tokenmill.quant.blocks import GGUF_NATIVE_TYPES, BlockEmbedding, BlockLinearMethod, BlockQuantized, \
+    from_gguf_blocks, pack, quantize_q8
+
+logger = logging.getLogger(__name__)
+
+
+class GGUFConfig:
+    name = "gguf"
+
+    def __init__(self, gguf_file: str | Path, dtype: torch.dtype) -> None:
+        self.gguf_file = Path(gguf_file)
+        self.dtype = dtype
+
+    @property
+    def activation_dtype(self) -> torch.dtype:
+        return torch.float32
+
+    def get_linear_method(self, prefix: str) -> LinearMethod:
+        return BlockLinearMethod()
+
+    def iter_weights(self, folder: str | Path) -> Iterator[tuple[str, torch.Tensor | BlockQuantized]]:
+        yield from iter_gguf_weights(self.gguf_file)
+
+    def process_model(self, model: nn.Module) -> None:
+        """After loading: embedding tables become block records (shared with a tied LM head)."""
+        if not cpu_ops.load():
+            return
+        tied = {id(m.tied_source): m for m in model.modules() if getattr(m, "tied_source", None) is not None}
+        for parent in list(model.modules()):
+            for child_name, child in list(parent.named_children()):
+                if isinstance(child, nn.Embedding):
+                    setattr(parent, child_name, self._block_embedding(child, tied.get(id(child.weight))))
+        for m in tied.values():
+            del m.tied_source
+
+    def _block_embedding(self, emb: nn.Embedding, tied: Linear | None) -> BlockEmbedding:
+        if tied is not None and getattr(tied, "records", None) is not None:
+            records, bits = tied.records, tied.bits
+        else:
+            records, bits = pack(quantize_q8(emb.weight.detach())), 8
+        return BlockEmbedding(records, bits, emb.num_embeddings, emb.embedding_dim, emb.weight.dtype)
+
+
+def iter_gguf_weights(path: Path) -> Iterator[tuple[str, torch.Tensor | BlockQuantized]]:
+    from gguf import GGUFReader
+    from gguf.quants import dequantize
+
+    from tokenmill.models.gguf_convert import SKIPPED_TENSORS, gguf_qk_heads, hf_tensor_name, unpermute_qk_rows
+
+    reader = GGUFReader(path)
+    heads = gguf_qk_heads(reader)
+    kept: dict[str, int] = {}
+    for t in reader.tensors:
+        if t.name in SKIPPED_TENSORS:
+            continue
+        name = hf_tensor_name(t.name)
+        type_name = t.tensor_type.name
+        n_head = heads.get(t.name)
+        if type_name in GGUF_NATIVE_TYPES and len(t.shape) == 2:
+            k, n = (int(s) for s in t.shape)  # GGUF shapes list the fastest dimension first
+            raw = np.asarray(t.data).reshape(n, -1)
+            if n_head:
+                raw = unpermute_qk_rows(raw, n_head)
+            kept[type_name] = kept.get(type_name, 0) + 1
+            yield name, from_gguf_blocks(raw, type_name, n, k)
+        else:
+            w = dequantize(t.data, t.tensor_type)
+            if n_head:
+                w = unpermute_qk_rows(w, n_head)
+            yield name, torch.from_numpy(np.array(w, dtype=np.float32, order="C"))
+    logger.info("GGUF weights kept quantized: %s", ", ".join(f"{v} x {k}" for k, v in sorted(kept.items())) or "none")
