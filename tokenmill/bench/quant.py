@@ -1,7 +1,8 @@
 """Weight formats side by side on the default model: batch-1 decode against llama.cpp on the same
 GGUF file, and resident memory after loading.
 
-    python -m tokenmill.bench.quant [--threads 2] [--rounds 2] [--tokens 128] [--json FILE]
+    python -m tokenmill.bench.quant [--threads 2] [--rounds 2] [--tokens 128] [--only decode|memory|gemm]
+                                    [--json FILE]
 
 decode  per-token decode time (TPOT) at batch 1, greedy, the same prompt, end of text banned so
         every run generates --tokens tokens: (time for 1 + N tokens - time for 1 token) / N, the
@@ -12,6 +13,10 @@ decode  per-token decode time (TPOT) at batch 1, greedy, the same prompt, end of
                               (skipped with a note when llama_cpp is not installed)
 memory  resident set size of a fresh process after loading each format (minus the same process
         before loading), and the bytes the weights occupy.
+gemm    one linear layer of the default model's shapes (gate_up 3072 x 576, down 576 x 1536) at
+        batch 1 to 512 rows: block-quantized 4-bit records (int8 activations) against the float
+        panels of the same layer, on every ISA path of this CPU (--only gemm for just this): the
+        batch size from which dequantizing into a float GEMM would pay, if any.
 """
 from __future__ import annotations
 
@@ -114,7 +119,48 @@ def measure_memory(threads: int) -> dict[str, dict[str, float]]:
     return out
 
 
+def measure_gemm(threads: int, reps: int = 30) -> list[dict]:
+    import torch
+
+    from tokenmill.kernels import cpu_ops
+    from tokenmill.quant.blocks import pack, quantize_int4
+    if not cpu_ops.load():
+        print("gemm: C++ kernels unavailable; skipped")
+        return []
+    torch.set_num_threads(threads)
+    levels = ["auto"] + (["avx2"] if cpu_ops.isa_level() != "avx2" else [])
+    rows = []
+    for n, k in ((3072, 576), (576, 1536)):
+        w = torch.randn(n, k) * 0.05
+        q4 = pack(quantize_int4(w, 32))
+        bf16 = torch.ops.tokenmill.pack_bf16_panels(w.bfloat16())
+        f32 = torch.ops.tokenmill.pack_panels(w)
+        for level in levels:
+            used = cpu_ops.set_isa(level)
+            for m in (1, 8, 64, 512):
+                x = torch.randn(m, k)
+                t = {"q4": _best_us(lambda: torch.ops.tokenmill.q4_linear(x, q4, n, None), reps),
+                     "bf16": _best_us(lambda: torch.ops.tokenmill.bf16_panel_linear(x, bf16, n, None), reps),
+                     "f32": _best_us(lambda: torch.ops.tokenmill.panel_linear(x, f32, n, None), reps)}
+                rows.append({"isa": used, "n": n, "k": k, "m": m, **{f"{key}_us": v for key, v in t.items()}})
+                print(f"{used:<12} {n}x{k} M={m:<4} q4 {t['q4']:8.0f} us  bf16 {t['bf16']:8.0f} us  f32 {t['f32']:8.0f} us"
+                      f"  q4/bf16 {t['q4'] / t['bf16']:.2f}  q4/f32 {t['q4'] / t['f32']:.2f}", flush=True)
+        cpu_ops.set_isa("auto")
+    return rows
+
+
+def _best_us(fn, reps: int) -> float:
+    fn()
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best * 1e6
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--only", choices=["decode", "memory", "gemm"], default=None)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--tokens", type=int, default=128)
@@ -124,14 +170,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     print(f"machine: {machine()}; date: {time.strftime('%Y-%m-%d %H:%M')}; threads {args.threads}")
-    memory = {} if args.skip_memory else measure_memory(args.threads)
-    decode = measure_decode(args.threads, args.rounds, args.tokens)
+    want = (lambda part: args.only in (None, part))
+    gemm = measure_gemm(args.threads) if want("gemm") else []
+    memory = measure_memory(args.threads) if want("memory") and not args.skip_memory else {}
+    decode = measure_decode(args.threads, args.rounds, args.tokens) if want("decode") else {}
     best = {name: min(v) for name, v in decode.items()}
-    print("\nbest TPOT per engine (ms/token):")
+    if best:
+        print("\nbest TPOT per engine (ms/token):")
     for name, v in best.items():
         vs = f", {v / best['llama.cpp']:.2f}x llama.cpp" if "llama.cpp" in best else ""
         print(f"  {name:<16} {v:6.2f}{vs}")
-    write_record(args.json, threads=args.threads, tokens=args.tokens, decode_ms=decode, best_ms=best, memory=memory)
+    write_record(args.json, threads=args.threads, tokens=args.tokens, decode_ms=decode, best_ms=best, memory=memory,
+                 gemm=gemm)
     return 0
 
 
