@@ -213,7 +213,7 @@ namespace {
 using RowsFn = void (*)(const uint8_t*, const QActs&, int64_t, int64_t, const float*, float*, int64_t, int64_t);
 
 struct QActsStorage {
-  at::Tensor qx, qxu, dx, sx;
+  at::Tensor codes, scales;  // one allocation each: [qx | qxu] bytes, [dx | sx] floats
   QActs view;
 };
 
@@ -221,15 +221,13 @@ struct QActsStorage {
 QActsStorage quantize_rows(const at::Tensor& x) {
   const int64_t M = x.size(0), K = x.size(1), nb = K / kBlockK;
   QActsStorage s;
-  s.qx = at::empty({M, K}, x.options().dtype(at::kChar));
-  s.qxu = at::empty({M, K}, x.options().dtype(at::kByte));
-  s.dx = at::empty({M, nb}, x.options().dtype(at::kFloat));
-  s.sx = at::empty({M, nb}, x.options().dtype(at::kFloat));
+  s.codes = at::empty({2 * M * K}, x.options().dtype(at::kByte));
+  s.scales = at::empty({2 * M * nb}, x.options().dtype(at::kFloat));
   const float* xp = x.data_ptr<float>();
-  int8_t* q = s.qx.data_ptr<int8_t>();
-  uint8_t* qu = s.qxu.data_ptr<uint8_t>();
-  float* dx = s.dx.data_ptr<float>();
-  float* sx = s.sx.data_ptr<float>();
+  int8_t* q = reinterpret_cast<int8_t*>(s.codes.data_ptr<uint8_t>());
+  uint8_t* qu = s.codes.data_ptr<uint8_t>() + M * K;
+  float* dx = s.scales.data_ptr<float>();
+  float* sx = dx + M * nb;
   at::parallel_for(0, M * nb, 64, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
       const float* v = xp + (t / nb) * K + (t % nb) * kBlockK;
