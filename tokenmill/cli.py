@@ -99,6 +99,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_chat_parser(sub)
     _add_serve(sub)
     _add_bench(sub)
+    from tokenmill.quant import quantize
+    quantize.add_parser(sub)
     return parser
 
 

@@ -18,7 +18,7 @@ from tokenmill.models.model_config import ModelConfig
 
 DTYPES = ("auto", "bfloat16", "float32", "float16")
 KV_CACHE_DTYPES = ("auto", "int8", "fp8")
-QUANTIZATIONS = ("gguf", "none", "int8", "int4")
+QUANTIZATIONS = ("gguf", "none", "int8", "int4", "awq", "gptq")
 QUANT_GROUP_SIZES = (32, 64, 128)
 ATTENTION_BACKENDS = ("auto", "cpu", "torch", "reference")
 BLOCK_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -36,7 +36,8 @@ class EngineConfig:
     kv_cache_dtype: str = "auto"
     # weight format: gguf (a .gguf's quantized blocks kept), none (float weights in `dtype`), int8
     # (per output channel) / int4 (per group of quant_group_size inputs), weight-only, at load;
-    # None: gguf for a .gguf model (the default model too), none for a Hugging Face folder
+    # awq / gptq: a folder quantized by those tools (its config.json says so);
+    # None: gguf for a .gguf model (the default model too), the folder's own awq/gptq, else none
     quantization: str | None = None
     quant_group_size: int = 32
     enable_prefix_caching: bool = True
@@ -82,7 +83,7 @@ class ModelSpec:
     arch: ModelConfig
     dtype: str  # resolved: float32 | bfloat16 | float16
     max_model_len: int
-    quantization: str  # resolved: gguf | none | int8 | int4
+    quantization: str  # resolved: gguf | none | int8 | int4 | awq | gptq
     quant_group_size: int
     gguf_file: str | None  # the .gguf the folder was converted from (quantization gguf reads it)
     # architecture, config, dtype and a fingerprint of the weights, never a path: two engines on

@@ -86,9 +86,9 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     eng.add_argument("--quantization", "-q", choices=QUANTIZATIONS, default=d["quantization"],
                      help="weight format: gguf keeps a .gguf file's Q4_0/Q4_1/Q8_0 blocks and computes on them; "
                           "none dequantizes to --dtype; int8 (per output channel) / int4 (per group, see "
-                          "--quant-group-size) quantize the linear layers at load, weight-only, round to nearest "
-                          "(default: gguf for a .gguf model, the default model included; none for a Hugging Face "
-                          "folder)")
+                          "--quant-group-size) quantize the linear layers at load, weight-only, round to nearest; "
+                          "awq / gptq read folders those tools (or `tokenmill quantize`) wrote (default: gguf for "
+                          "a .gguf model, the default model included; the folder's awq/gptq; else none)")
     eng.add_argument("--quant-group-size", type=int, choices=(32, 64, 128), default=d["quant_group_size"],
                      help="inputs per int4 scale (default: %(default)s)")
     eng.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,

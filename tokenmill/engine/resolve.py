@@ -58,9 +58,19 @@ def _resolve_source(model: str | None) -> tuple[Path, Path | None]:
     return path, None
 
 
-def resolve_quantization(requested: str | None, gguf_file: Path | None) -> str:
+def resolve_quantization(requested: str | None, gguf_file: Path | None, hf_config: dict | None = None) -> str:
+    in_checkpoint = str(((hf_config or {}).get("quantization_config") or {}).get("quant_method", "")).lower() or None
+    if in_checkpoint is not None and in_checkpoint not in ("awq", "gptq"):
+        raise ValueError(f"config.json quantization_config.quant_method {in_checkpoint!r} is not supported "
+                         "(awq and gptq are)")
     if requested is None:
-        return "gguf" if gguf_file is not None else "none"
+        return in_checkpoint or ("gguf" if gguf_file is not None else "none")
+    if in_checkpoint is not None and requested != in_checkpoint:
+        raise ValueError(f"quantization={requested!r}: this folder holds a {in_checkpoint} checkpoint; "
+                         f"use quantization={in_checkpoint!r} (or leave it unset)")
+    if requested in ("awq", "gptq") and in_checkpoint is None:
+        raise ValueError(f"quantization={requested!r} needs a folder whose config.json has a {requested} "
+                         "quantization_config (see `tokenmill quantize`)")
     if requested == "gguf" and gguf_file is None:
         raise ValueError("quantization='gguf' keeps a .gguf file's quantized blocks: give a .gguf model "
                          "(this model is a Hugging Face folder; use quantization='none')")
@@ -80,7 +90,7 @@ def resolve_model(cfg: EngineConfig) -> ModelSpec:
     hf = read_hf_config(folder)
     arch = _arch_from_hf(hf)
     dtype = resolve_dtype(cfg.dtype)
-    quantization = resolve_quantization(cfg.quantization, gguf_file)
+    quantization = resolve_quantization(cfg.quantization, gguf_file, hf)
     name = cfg.served_model_name or (Path(cfg.model).stem if cfg.model else DEFAULT_MODEL_NAME)
     return ModelSpec(path=str(folder), tokenizer=str(cfg.tokenizer or folder), served_name=name, arch=arch,
                      dtype=dtype, max_model_len=resolve_max_model_len(arch, cfg.max_model_len),

@@ -4,7 +4,9 @@
 - "none": float weights in the model dtype (UnquantizedConfig; a .gguf is dequantized at load);
 - "gguf": a .gguf file's Q4_0 / Q4_1 / Q8_0 blocks kept as they are (GGUFConfig);
 - "int8" / "int4": float weights quantized at load, round to nearest (RTNConfig; int4 per group of
-  `group_size` inputs).
+  `group_size` inputs);
+- "awq" / "gptq": a folder whose config.json has AutoAWQ's / a GPTQ tool's `quantization_config`
+  (CheckpointQuantConfig).
 """
 from __future__ import annotations
 
@@ -14,10 +16,11 @@ import torch
 
 from tokenmill.quant.unquantized import UnquantizedConfig
 
-QUANTIZATIONS = ("none", "gguf", "int8", "int4")
+QUANTIZATIONS = ("none", "gguf", "int8", "int4", "awq", "gptq")
 
 
-def quant_config(quantization: str, dtype: torch.dtype, gguf_file: str | Path | None = None, group_size: int = 32):
+def quant_config(quantization: str, dtype: torch.dtype, gguf_file: str | Path | None = None, group_size: int = 32,
+                 hf_quant_config: dict | None = None):
     if quantization == "none":
         return UnquantizedConfig(dtype)
     if quantization == "gguf":
@@ -28,6 +31,9 @@ def quant_config(quantization: str, dtype: torch.dtype, gguf_file: str | Path | 
     if quantization in ("int8", "int4"):
         from tokenmill.quant.rtn import RTNConfig
         return RTNConfig(int(quantization[3:]), dtype, group_size)
+    if quantization in ("awq", "gptq"):
+        from tokenmill.quant.checkpoint import CheckpointQuantConfig
+        return CheckpointQuantConfig(hf_quant_config or {"quant_method": quantization}, dtype)
     raise ValueError(f"quantization must be one of {', '.join(QUANTIZATIONS)}; got {quantization!r}")
 
 

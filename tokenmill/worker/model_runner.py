@@ -14,6 +14,7 @@ from tokenmill.core.outputs import ModelRunnerOutput
 from tokenmill.core.scheduler_output import NewRequestData, SchedulerOutput
 from tokenmill.engine.resolve import TORCH_DTYPES
 from tokenmill.models.loader import build_model
+from tokenmill.models.model_config import read_hf_config
 from tokenmill.models.registry import get_model_class
 from tokenmill.quant import quant_config
 from tokenmill.sampling_params import SamplingParams
@@ -69,7 +70,8 @@ class ModelRunner:
         self.num_blocks = cache.num_blocks
         self.model = build_model(model.arch, model.path, self.dtype, model.max_model_len,
                                  quant_config(model.quantization, self.dtype, model.gguf_file,
-                                              model.quant_group_size))
+                                              model.quant_group_size,
+                                              read_hf_config(model.path).get("quantization_config")))
         self.backend = get_attention_backend(device.attention_backend)
         cls = get_model_class(model.arch.architecture)
         layer_spec = cls.kv_cache_spec(model.arch, cache.kv_cache_dtype, self.dtype, cache.block_size)

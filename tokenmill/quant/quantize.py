@@ -1,0 +1,144 @@
+"""`tokenmill quantize MODEL --method int4|awq --out DIR`: write a 4-bit checkpoint in AutoAWQ's
+GEMM layout (quant/awq_gptq.py), which tokenmill (`quantization="awq"`, picked from config.json),
+vLLM and transformers read.
+
+- int4: round to nearest per group of `--group-size` inputs with an integer zero point.
+- awq: activation-aware scaling first (Lin et al., AWQ): calibration text (the shipped
+  tokenmill/data/passages.json, not the perplexity text) runs through the float model; for each
+  set of linears sharing an input (q/k/v after the attention norm, gate/up after the MLP norm,
+  down after up) the per-input-channel scale s = mean|x|^alpha (alpha on a grid of 21 points in
+  [0, 1]) that minimises the calibration output error of the quantized weights W·s is chosen, the
+  weights are multiplied by s before quantization, and s is divided out of what produced the input
+  (the norm's weight, or up's rows). o_proj is left unscaled when K/V heads are shared (GQA).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from tokenmill.quant.awq_gptq import quantize_int4_zero_point, write_awq_linear
+
+logger = logging.getLogger(__name__)
+
+METHODS = ("int4", "awq")
+_PROJ = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+ALPHAS = [i / 20 for i in range(21)]
+
+
+def quantize_model(model: str | None, out: str | Path, method: str = "awq", group_size: int = 128,
+                   calibration_tokens: int = 512) -> Path:
+    from tokenmill.engine.resolve import resolve_model_folder
+    from tokenmill.models.loader import iter_safetensors
+    from tokenmill.models.model_config import read_hf_config
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {', '.join(METHODS)}; got {method!r}")
+    src = resolve_model_folder(model)
+    hf = read_hf_config(src)
+    if hf.get("quantization_config"):
+        raise ValueError(f"{str(src)!r} is already quantized ({hf['quantization_config'].get('quant_method')})")
+    tensors = {name: t.float() for name, t in iter_safetensors(src)}
+    if method == "awq":
+        apply_awq_scales(tensors, _calibration_inputs(model, calibration_tokens), hf, group_size)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    written: dict[str, torch.Tensor] = {}
+    for name, t in tensors.items():
+        if _is_quantized_linear(name, t):
+            for key, value in write_awq_linear(quantize_int4_zero_point(t, group_size), group_size).items():
+                written[f"{name[: -len('.weight')]}.{key}"] = value
+        else:
+            written[name] = t.contiguous()
+    save_file(written, str(out / "model.safetensors"), metadata={"format": "pt"})
+    hf["quantization_config"] = {"quant_method": "awq", "bits": 4, "group_size": group_size, "zero_point": True,
+                                 "version": "gemm", "tokenmill_method": method}
+    (out / "config.json").write_text(json.dumps(hf, indent=2) + "\n")
+    for f in src.iterdir():
+        if f.name.startswith(("tokenizer", "special_tokens", "generation_config", "chat_template")):
+            shutil.copy(f, out / f.name)
+    logger.info("wrote %s (%s, 4 bits, group %d) to %s", method, "AutoAWQ gemm layout", group_size, out)
+    return out
+
+
+def _is_quantized_linear(name: str, t: torch.Tensor) -> bool:
+    return t.dim() == 2 and name.startswith("model.layers.") and name.endswith(tuple(f"{p}.weight" for p in _PROJ))
+
+
+# -- calibration ----------------------------------------------------------------------------------
+def _calibration_inputs(model: str | None, num_tokens: int) -> dict[str, torch.Tensor]:
+    """Inputs of every fused linear of the float model over the calibration text: our module name
+    (layers.i.self_attn.qkv_proj, ...) -> [tokens, in] float32."""
+    from tokenmill import LLM
+    from tokenmill.data import read_text
+    from tokenmill.eval.kv_quality import chunked_scores
+    from tokenmill.models.linear import Linear
+    llm = LLM(model, dtype="float32", quantization="none", kv_cache_memory_gb=0.1)
+    text = "\n\n".join(json.loads(read_text("passages.json")))
+    ids = llm.get_tokenizer().encode(text)[:num_tokens]
+    captured: dict[str, list[torch.Tensor]] = {}
+    hooks = [m.register_forward_pre_hook(lambda mod, args, name=name: captured.setdefault(name, []).append(
+        args[0].detach().float().clone())) for name, m in llm.llm_engine.runner.model.named_modules()
+        if isinstance(m, Linear) and name.startswith("layers.")]
+    try:
+        chunked_scores(llm.llm_engine, ids)
+    finally:
+        for h in hooks:
+            h.remove()
+    return {name: torch.cat(xs) for name, xs in captured.items()}
+
+
+def apply_awq_scales(tensors: dict[str, torch.Tensor], inputs: dict[str, torch.Tensor], hf: dict, group: int) -> None:
+    gqa = hf.get("num_key_value_heads", hf["num_attention_heads"]) != hf["num_attention_heads"]
+    for i in range(hf["num_hidden_layers"]):
+        p = f"model.layers.{i}"
+        groups = [(f"layers.{i}.self_attn.qkv_proj", [f"{p}.self_attn.{n}_proj.weight" for n in "qkv"],
+                   f"{p}.input_layernorm.weight"),
+                  (f"layers.{i}.mlp.gate_up_proj", [f"{p}.mlp.gate_proj.weight", f"{p}.mlp.up_proj.weight"],
+                   f"{p}.post_attention_layernorm.weight"),
+                  (f"layers.{i}.mlp.down_proj", [f"{p}.mlp.down_proj.weight"], f"{p}.mlp.up_proj.weight")]
+        if not gqa:
+            groups.append((f"layers.{i}.self_attn.o_proj", [f"{p}.self_attn.o_proj.weight"],
+                           f"{p}.self_attn.v_proj.weight"))
+        for ours, names, previous in groups:
+            if ours not in inputs or previous not in tensors or not all(n in tensors for n in names):
+                continue
+            s = best_scale(inputs[ours], [tensors[n] for n in names], group)
+            for n in names:
+                tensors[n] = tensors[n] * s
+            prev = tensors[previous]
+            tensors[previous] = prev / s if prev.dim() == 1 else prev / s[:, None]  # a norm, or the rows feeding x
+
+
+def best_scale(x: torch.Tensor, weights: list[torch.Tensor], group: int) -> torch.Tensor:
+    """The activation-aware per-input-channel scale for weights sharing the input x [tokens, in]."""
+    w = torch.cat(weights)
+    ref = x @ w.T
+    mean_abs = x.abs().mean(0).clamp(min=1e-5)
+    best, best_err = torch.ones_like(mean_abs), float("inf")
+    for alpha in ALPHAS:
+        s = mean_abs.pow(alpha)
+        s = s / (s.max() * s.min()).sqrt()
+        q = quantize_int4_zero_point(w * s, group).dequantize()
+        err = ((x / s) @ q.T - ref).pow(2).mean().item()
+        if err < best_err:
+            best, best_err = s, err
+    return best
+
+
+def add_parser(sub) -> None:
+    from tokenmill.engine.arg_utils import add_model_args
+    p = sub.add_parser("quantize", help="write a 4-bit (int4 / AWQ) checkpoint in AutoAWQ's layout",
+                       description=__doc__, formatter_class=__import__("argparse").RawDescriptionHelpFormatter)
+    add_model_args(p)
+    p.add_argument("--method", choices=METHODS, default="awq", help="(default: %(default)s)")
+    p.add_argument("--group-size", type=int, choices=(32, 64, 128), default=128,
+                   help="inputs per scale; in_features must divide by it (default: %(default)s)")
+    p.add_argument("--calibration-tokens", type=int, default=512, help="awq: tokens of calibration text "
+                   "(default: %(default)s)")
+    p.add_argument("--out", required=True, help="output folder")
+    p.set_defaults(func=lambda a: print(quantize_model(a.model, a.out, a.method, a.group_size,
+                                                       a.calibration_tokens)) or 0)
