@@ -189,3 +189,16 @@ def test_default_model_perplexity_close_to_dequantized(default_pair):
         logp, _ = chunked_scores(llm.llm_engine, ids)
         ppl[name] = math.exp(-logp.mean().item())
     assert ppl["gguf"] / ppl["none"] < 1.0075, ppl
+
+
+@needs_kernels
+def test_weight_and_kv_quantization_combine(tiny_gguf):
+    """GGUF blocks with an int8 KV cache: both quantizations in one engine."""
+    params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+    prompt = [{"prompt_token_ids": [5, 6, 7, 8, 9, 10]}]
+    outs = {}
+    for kv in ("auto", "int8"):
+        llm = LLM(str(tiny_gguf), dtype="float32", kv_cache_dtype=kv, kv_cache_memory_gb=0.01)
+        assert llm.llm_engine.config.model.quantization == "gguf"
+        outs[kv] = llm.generate(prompt, params, use_tqdm=False)[0].outputs[0].token_ids
+    assert len(outs["int8"]) == len(outs["auto"]) == 12
