@@ -1,0 +1,33 @@
+"""Qwen2-MoE: Qwen2 attention (q/k/v bias) with a sparse MoE MLP: softmax router, top-k, weights
+renormalized only with norm_topk_prob, plus one shared expert whose output is scaled by
+sigmoid(shared_expert_gate(x)). Layers in mlp_only_layers, or off the decoder_sparse_step, are
+dense."""
+from __future__ import annotations
+
+from typing import Any
+
+from tokenmill.models.mixtral import MoECausalLM
+from tokenmill.models.model_config import ModelConfig, MoESpec
+from tokenmill.models.qwen3 import sliding_window_if_enabled
+
+
+class Qwen2MoeForCausalLM(MoECausalLM):
+    moe_name = "mlp"
+    stacked_params = {
+        "self_attn.q_proj": ("self_attn.qkv_proj", 0), "self_attn.k_proj": ("self_attn.qkv_proj", 1),
+        "self_attn.v_proj": ("self_attn.qkv_proj", 2),
+        "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1),
+    }
+
+    @classmethod
+    def config_from_hf(cls, hf: dict[str, Any]) -> ModelConfig:
+        layers = hf["num_hidden_layers"]
+        step, dense = hf.get("decoder_sparse_step", 1), set(hf.get("mlp_only_layers") or ())
+        experts = hf["num_experts"]
+        sparse = tuple(i not in dense and experts > 0 and (i + 1) % step == 0 for i in range(layers))
+        moe = MoESpec(num_experts=experts, top_k=hf["num_experts_per_tok"], intermediate_size=hf["moe_intermediate_size"],
+                      sparse_layers=sparse, renormalize=hf.get("norm_topk_prob", False),
+                      shared_intermediate_size=hf.get("shared_expert_intermediate_size", 0), shared_name="shared_expert",
+                      shared_gate=True)
+        return ModelConfig.from_hf(hf, attention_bias=hf.get("qkv_bias", True),
+                                   sliding_window=sliding_window_if_enabled(hf), moe=moe)
