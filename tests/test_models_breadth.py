@@ -1,4 +1,4 @@
-"""Qwen3, sliding-window attention, MoE (Mixtral, Qwen2-MoE, DeepSeek-V2/V3) and MLA against
+"""Qwen3, sliding-window attention, MoE (Mixtral, Qwen2-MoE, Qwen3-MoE, DeepSeek-V2/V3) and MLA against
 Hugging Face transformers on tiny random-weight models (hidden 64, 2 layers, vocab 512).
 
 Tolerance: float32 logits within atol/rtol 1e-4 (same math, summation order differs). Greedy
@@ -23,6 +23,7 @@ ARCHS = {
     "mistral_window": ("mistral", {"sliding_window": 8}),
     "mixtral": ("mixtral", {}),
     "qwen2_moe": ("qwen2_moe", {}),
+    "qwen3_moe": ("qwen3_moe", {}),
     "deepseek_v2": ("deepseek_v2", {}),
     "deepseek_v3": ("deepseek_v3", {}),
 }
@@ -51,6 +52,19 @@ def test_logits_match_transformers(folders, references, name, backend):
     ours = engine.runner.full_logits(TOKENS)
     with torch.no_grad():
         ref = references[name](torch.tensor([TOKENS])).logits[0]
+    torch.testing.assert_close(ours, ref, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("arch", ["deepseek_v2", "deepseek_v3"])
+def test_yarn_rope_matches_transformers(tmp_path, arch):
+    """DeepSeek's long-context checkpoints use YaRN (and its mscale_all_dim scales the softmax)."""
+    yarn = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 32,
+            "beta_fast": 32, "beta_slow": 1, "mscale": 0.707, "mscale_all_dim": 1.0}
+    folder = make_tiny_model(tmp_path, arch, seed=9, rope_parameters=yarn)
+    ours = LLMEngine(model=str(folder), dtype="float32", num_kv_blocks=64, block_size=4).runner.full_logits(TOKENS)
+    ref_model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    with torch.no_grad():
+        ref = ref_model(torch.tensor([TOKENS])).logits[0]
     torch.testing.assert_close(ours, ref, atol=1e-4, rtol=1e-4)
 
 

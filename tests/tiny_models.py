@@ -59,6 +59,10 @@ def make_tiny_model(folder: Path, arch: str = "llama", seed: int = 0, **override
         cfg = transformers.Qwen2MoeConfig(**{**MOE_DIMS, "shared_expert_intermediate_size": 48, "norm_topk_prob": False,
                                              "decoder_sparse_step": 1, **dims}, tie_word_embeddings=False)
         model = transformers.Qwen2MoeForCausalLM(cfg)
+    elif arch == "qwen3_moe":
+        cfg = transformers.Qwen3MoeConfig(**{**MOE_DIMS, "head_dim": 32, "norm_topk_prob": True, **dims},
+                                          tie_word_embeddings=False)
+        model = transformers.Qwen3MoeForCausalLM(cfg)
     elif arch == "deepseek_v2":
         cfg = transformers.DeepseekV2Config(**{**MOE_DIMS, **MLA_DIMS, "n_shared_experts": 1, "first_k_dense_replace": 1,
                                                "topk_method": "group_limited_greedy", "n_group": 4, "topk_group": 2,

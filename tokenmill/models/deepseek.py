@@ -4,8 +4,8 @@ choice with e_score_correction_bias), the first `first_k_dense_replace` layers d
 
 The KV cache stores the latent + shared RoPE key per token (`kv_cache_spec`). V2 applies RoPE to
 interleaved pairs (its complex-number form), V3 too when rope_interleave; we de-interleave those
-dims before a rotate-half RoPE, the same dot products. Only the default RoPE is supported here
-(no YaRN scaling yet: a config with it is refused by name)."""
+dims before a rotate-half RoPE, the same dot products. RoPE default or YaRN (DeepSeek's
+long-context checkpoints; its mscale_all_dim also scales the softmax)."""
 from __future__ import annotations
 
 from typing import Any
@@ -16,7 +16,7 @@ from torch import nn
 from tokenmill.attention.backend import AttentionBackend
 from tokenmill.attention.mla import (DecompressedKVCacheSpec, MLAKVCacheSpec, MLAMetadata, absorbed_decode,
                                      decompressed_prefill)
-from tokenmill.models.layers import RMSNorm, RotaryEmbedding, SwiGLU
+from tokenmill.models.layers import RMSNorm, RotaryEmbedding, SwiGLU, yarn_mscale
 from tokenmill.models.linear import Linear
 from tokenmill.models.mixtral import MoECausalLM
 from tokenmill.models.model_config import MLASpec, ModelConfig, MoESpec
@@ -53,6 +53,9 @@ class MLAAttention(nn.Module):
         self.o_proj = linear("o_proj", cfg.num_heads * m.v_head_dim, cfg.hidden_size)
         self.rope = rope
         self.scale = self.qk_head_dim ** -0.5
+        scaling = cfg.rope_scaling or {}
+        if scaling.get("rope_type", scaling.get("type")) == "yarn" and scaling.get("mscale_all_dim"):
+            self.scale *= yarn_mscale(scaling["factor"], scaling["mscale_all_dim"]) ** 2  # DeepSeek's softmax scale
 
     def _w_uk_uv(self) -> tuple[torch.Tensor, torch.Tensor]:
         m = self.m

@@ -23,11 +23,23 @@ class Qwen2MoeForCausalLM(MoECausalLM):
     def config_from_hf(cls, hf: dict[str, Any]) -> ModelConfig:
         layers = hf["num_hidden_layers"]
         step, dense = hf.get("decoder_sparse_step", 1), set(hf.get("mlp_only_layers") or ())
-        experts = hf["num_experts"]
+        experts = hf.get("num_experts") or hf.get("num_local_experts") or 0  # transformers 5 writes the latter
         sparse = tuple(i not in dense and experts > 0 and (i + 1) % step == 0 for i in range(layers))
         moe = MoESpec(num_experts=experts, top_k=hf["num_experts_per_tok"], intermediate_size=hf["moe_intermediate_size"],
                       sparse_layers=sparse, renormalize=hf.get("norm_topk_prob", False),
                       shared_intermediate_size=hf.get("shared_expert_intermediate_size", 0), shared_name="shared_expert",
-                      shared_gate=True)
+                      shared_gate=bool(hf.get("shared_expert_intermediate_size", 0)))
         return ModelConfig.from_hf(hf, attention_bias=hf.get("qkv_bias", True),
                                    sliding_window=sliding_window_if_enabled(hf), moe=moe)
+
+
+class Qwen3MoeForCausalLM(Qwen2MoeForCausalLM):
+    """Qwen3-MoE: Qwen3 attention (per-head q/k RMSNorm, no bias) and the Qwen2-MoE sparse MLP
+    without a shared expert."""
+    qk_norm = True
+
+    @classmethod
+    def config_from_hf(cls, hf: dict[str, Any]) -> ModelConfig:
+        cfg = super().config_from_hf({**hf, "qkv_bias": hf.get("attention_bias", False),
+                                      "shared_expert_intermediate_size": 0})
+        return cfg

@@ -13,6 +13,7 @@ _ARCHITECTURES: dict[str, str] = {
     "Qwen3ForCausalLM": "tokenmill.models.qwen3:Qwen3ForCausalLM",
     "MixtralForCausalLM": "tokenmill.models.mixtral:MixtralForCausalLM",
     "Qwen2MoeForCausalLM": "tokenmill.models.qwen2_moe:Qwen2MoeForCausalLM",
+    "Qwen3MoeForCausalLM": "tokenmill.models.qwen2_moe:Qwen3MoeForCausalLM",
     "DeepseekV2ForCausalLM": "tokenmill.models.deepseek:DeepseekV2ForCausalLM",
     "DeepseekV3ForCausalLM": "tokenmill.models.deepseek:DeepseekV3ForCausalLM",
 }
