@@ -18,7 +18,7 @@ from tokenmill.attention.mla import (DecompressedKVCacheSpec, MLAKVCacheSpec, ML
                                      decompressed_prefill)
 from tokenmill.models.layers import RMSNorm, RotaryEmbedding, SwiGLU, yarn_mscale
 from tokenmill.models.linear import Linear
-from tokenmill.models.mixtral import MoECausalLM
+from tokenmill.models.moe_causal_lm import MoECausalLM
 from tokenmill.models.model_config import MLASpec, ModelConfig, MoESpec
 from tokenmill.models.moe import SparseMoE
 from tokenmill.quant import QuantConfig

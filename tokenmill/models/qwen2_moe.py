@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tokenmill.models.mixtral import MoECausalLM
+from tokenmill.models.moe_causal_lm import MoECausalLM
 from tokenmill.models.model_config import ModelConfig, MoESpec
 from tokenmill.models.qwen3 import sliding_window_if_enabled
 
