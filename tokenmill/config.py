@@ -99,6 +99,8 @@ class CacheConfig:
     enable_prefix_caching: bool
     bytes_per_token: float  # all layers, K and V, scales included
     block_hash_key: str  # the extra key of every block hash: model content id + KV storage
+    # every layer attends only to its last sliding_window tokens: blocks behind it are freed early
+    sliding_window: int | None = None
 
     @property
     def capacity_tokens(self) -> int:

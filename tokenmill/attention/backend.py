@@ -19,6 +19,11 @@ class BatchLayout:
     block_tables: list[list[int]]  # [B][blocks]
     block_size: int
 
+    @property
+    def layout(self) -> BatchLayout:
+        """The reference backend's metadata is the layout itself."""
+        return self
+
 
 class AttentionBackend(ABC):
     name: str
@@ -28,12 +33,20 @@ class AttentionBackend(ABC):
 
     @abstractmethod
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                kv_cache: tuple[torch.Tensor, ...], meta: object, scale: float) -> torch.Tensor:
+                kv_cache: tuple[torch.Tensor, ...], meta: object, scale: float,
+                sliding_window: int | None = None) -> torch.Tensor:
         """q: [T, H, D], k/v: [T, Hkv, D] for the new tokens. Writes k/v into kv_cache at the
-        layout's slots, then attends each token to its sequence's cached context (causal).
+        layout's slots, then attends each token to its sequence's cached context (causal; with
+        `sliding_window` W, the query at position i sees keys j with i - j < W only, as Mistral).
+        Every backend's metadata carries the step's `layout` (MLA attention reads it).
         kv_cache is (k, v) or, quantized, (k_q, v_q, k_scale, v_scale): use write_kv and
         gather_blocks / gather_slots from tokenmill.attention.kv_cache, which handle both.
         Returns [T, H, D]."""
+
+
+def window_start(position: int, sliding_window: int | None) -> int:
+    """The first key a query at `position` sees."""
+    return 0 if not sliding_window else max(0, position - sliding_window + 1)
 
 
 def context_slots(block_table: list[int], seq_len: int, block_size: int) -> torch.Tensor:

@@ -51,6 +51,9 @@ class _Prefill:
     @cached_property
     def pieces(self) -> list[_Piece]:
         """Query pieces for the SDPA path (built only when it runs: float32 uses our kernel)."""
+        return self.window_pieces(None)
+
+    def window_pieces(self, sliding_window: int | None) -> list[_Piece]:
         n = self.end - self.start
         step = PIECE if n > SPLIT_ABOVE else n
         pieces = []
@@ -58,9 +61,17 @@ class _Prefill:
             qe = min(n, qs + step)
             k_end = self.context + qe
             # query i (absolute position context + qs + i) sees keys 0..context + qs + i
-            mask = torch.arange(k_end)[None, :] <= (self.context + qs + torch.arange(qe - qs))[:, None]
+            pos = (self.context + qs + torch.arange(qe - qs))[:, None]
+            keys = torch.arange(k_end)[None, :]
+            mask = keys <= pos
+            if sliding_window:  # ... and only the last sliding_window of them
+                mask &= keys > pos - sliding_window
             pieces.append(_Piece(qs, qe, k_end, mask))
         return pieces
+
+    def window_binds(self, sliding_window: int | None) -> bool:
+        """Some query of this chunk has more keys than the window."""
+        return bool(sliding_window) and self.context + (self.end - self.start) > sliding_window
 
 
 @dataclass
@@ -69,6 +80,7 @@ class CpuPagedMetadata:
     block_size: int
     decodes: _Decodes | None
     prefills: list[_Prefill]
+    layout: BatchLayout
 
 
 class CpuPagedBackend(AttentionBackend):
@@ -85,9 +97,10 @@ class CpuPagedBackend(AttentionBackend):
         decode = [b for b, n in enumerate(q_lens) if n == 1]
         prefills = [_build_prefill(layout, b) for b, n in enumerate(q_lens) if n > 1]
         decodes = _build_decodes(layout, decode, all_decode=not prefills) if decode else None
-        return CpuPagedMetadata(layout.slot_mapping, layout.block_size, decodes, prefills)
+        return CpuPagedMetadata(layout.slot_mapping, layout.block_size, decodes, prefills, layout)
 
-    def forward(self, q, k, v, kv_cache, meta: CpuPagedMetadata, scale: float) -> torch.Tensor:
+    def forward(self, q, k, v, kv_cache, meta: CpuPagedMetadata, scale: float, sliding_window: int | None = None
+                ) -> torch.Tensor:
         if not is_quantized(kv_cache) and _storable(kv_cache[0].dtype, k.dtype) and k.stride(-1) == 1 \
                 and v.stride(-1) == 1:
             # a row copy; float32 rows into a bf16 cache are rounded in place, so k, v == the cache
@@ -98,13 +111,15 @@ class CpuPagedBackend(AttentionBackend):
             write_kv(kv_cache, k, v, meta.slot_mapping)
         d = meta.decodes
         if not meta.prefills and d is not None and d.rows is None:  # a pure decode step: no copies at all
-            return cpu_ops.paged_decode(q, kv_cache, d.block_table, d.seq_lens, meta.block_size, scale)
+            return cpu_ops.paged_decode(q, kv_cache, d.block_table, d.seq_lens, meta.block_size, scale,
+                                        sliding_window)
         out = q.new_empty(q.shape)
         if d is not None:
             out[d.rows] = cpu_ops.paged_decode(q[d.rows], kv_cache, d.block_table, d.seq_lens, meta.block_size,
-                                               scale)
+                                               scale, sliding_window)
         for p in meta.prefills:
-            _prefill(q, k, v, kv_cache, p, meta.block_size, scale, out, fresh_equals_cache=stored)
+            _prefill(q, k, v, kv_cache, p, meta.block_size, scale, out, fresh_equals_cache=stored,
+                     sliding_window=sliding_window)
         return out
 
 
@@ -114,19 +129,22 @@ def _storable(cache_dtype: torch.dtype, dtype: torch.dtype) -> bool:
 
 
 def _prefill(q, k, v, kv_cache, p: _Prefill, block_size: int, scale: float, out: torch.Tensor,
-             fresh_equals_cache: bool) -> None:
+             fresh_equals_cache: bool, sliding_window: int | None = None) -> None:
+    """A chunk whose window binds (some query has more keys than the window) takes the SDPA path
+    with a window mask: our causal kernel has no window."""
+    windowed = p.window_binds(sliding_window)
     if p.context == 0 and fresh_equals_cache:
         # a fresh prompt in a plain cache: its keys are exactly this step's k/v, no gather needed
         kb, vb = k[p.start:p.end], v[p.start:p.end]
     else:  # cached context (or quantized storage): read what the cache holds
         length = p.context + (p.end - p.start)
         kb, vb = (x[0, :length] for x in gather_blocks(kv_cache, p.block_table, block_size, q.dtype))
-    if q.dtype == torch.float32:  # our causal kernel: [Q, H, D] x [L, Hkv, D], strided views welcome
+    if q.dtype == torch.float32 and not windowed:  # our causal kernel: [Q, H, D] x [L, Hkv, D], strided views welcome
         out[p.start:p.end] = torch.ops.tokenmill.prefill_attention(q[p.start:p.end], kb, vb, p.context, scale)
         return
     qb = q[p.start:p.end].transpose(0, 1).unsqueeze(0)                       # [1, H, Q, D]
     kb, vb = kb.transpose(0, 1).unsqueeze(0), vb.transpose(0, 1).unsqueeze(0)  # [1, Hkv, L, D]
-    for piece in p.pieces:
+    for piece in (p.window_pieces(sliding_window) if windowed else p.pieces):
         o = F.scaled_dot_product_attention(qb[:, :, piece.q_start:piece.q_end], kb[:, :, :piece.k_end],
                                            vb[:, :, :piece.k_end], attn_mask=piece.mask, scale=scale,
                                            enable_gqa=True)

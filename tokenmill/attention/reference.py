@@ -13,7 +13,8 @@ class ReferenceBackend(AttentionBackend):
     def build_metadata(self, layout: BatchLayout) -> BatchLayout:
         return layout
 
-    def forward(self, q, k, v, kv_cache, meta: BatchLayout, scale: float) -> torch.Tensor:
+    def forward(self, q, k, v, kv_cache, meta: BatchLayout, scale: float, sliding_window: int | None = None
+                ) -> torch.Tensor:
         write_kv(kv_cache, k, v, meta.slot_mapping)
         out = torch.empty_like(q)
         groups = q.shape[1] // kv_cache[0].shape[1]
@@ -26,6 +27,8 @@ class ReferenceBackend(AttentionBackend):
             scores = torch.einsum("qhd,khd->hqk", q[start:end].float(), keys) * scale
             q_pos = torch.arange(seq_len - (end - start), seq_len)
             mask = torch.arange(seq_len)[None, :] > q_pos[:, None]
+            if sliding_window:
+                mask |= torch.arange(seq_len)[None, :] <= q_pos[:, None] - sliding_window
             scores.masked_fill_(mask, float("-inf"))
             out[start:end] = torch.einsum("hqk,khd->qhd", scores.softmax(-1), values).to(q.dtype)
         return out

@@ -143,10 +143,14 @@ def run(args: argparse.Namespace) -> int:
     print(f"machine: {machine()}; date: {time.strftime('%Y-%m-%d')}; model dtype {engine.config.model.dtype}, "
           f"quantization {engine.config.model.quantization}")
     print_table(results)
+    moe = {"expert_load": engine.runner.expert_load.summary()} if engine.runner.moe_layers else {}
+    if moe:
+        worst = moe["expert_load"]["imbalance_max_over_mean_worst_layer"]
+        print(f"expert load imbalance (max/mean tokens per expert), worst layer: {worst:.2f}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"machine": machine(), "date": time.strftime("%Y-%m-%d %H:%M"), "argv": sys.argv,
-                       "results": [r.summary() for r in results]}, f, indent=2)
+                       "results": [r.summary() for r in results], **moe}, f, indent=2)
     return 0
 
 

@@ -12,6 +12,11 @@ class KVBlock:
     block_hash: bytes | None = None  # set once the block is full and cached
 
 
+# Stands in a request's block list for a block freed because every future token's sliding window
+# lies past it (the list keeps its positions: block i still holds tokens i*bs..).
+NULL_BLOCK = KVBlock(block_id=-1)
+
+
 class BlockPool:
     """Invariant: a block is in the free queue iff its ref_cnt is 0. A free block may still hold a
     cached prefix (block_hash set); it is evicted lazily, when allocation takes it."""
@@ -76,6 +81,8 @@ class BlockPool:
         """Drop one reference each. Pass blocks tail-first so a sequence's tail is evicted before its
         shared head."""
         for block in blocks:
+            if block is NULL_BLOCK:
+                continue
             block.ref_cnt -= 1
             assert block.ref_cnt >= 0, f"block {block.block_id} ref_cnt < 0"
             if block.ref_cnt == 0:

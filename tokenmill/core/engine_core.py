@@ -80,7 +80,7 @@ class EngineCore:
                             schedule_time=t1 - t0, forward_time=t2 - t1, step_time=self.clock() - t0,
                             num_drafts=spec.num_drafts, num_draft_tokens=spec.num_draft_tokens,
                             num_accepted_tokens=spec.num_accepted_tokens,
-                            accepted_per_position=spec.accepted_per_position)
+                            accepted_per_position=spec.accepted_per_position, expert_load=result.expert_load)
         return EngineCoreOutputs(outputs, finished, it)
 
     def _verify_drafts(self, sched: SchedulerOutput, result: ModelRunnerOutput,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
-from tokenmill.core.block_pool import BlockPool, KVBlock
+from tokenmill.core.block_pool import NULL_BLOCK, BlockPool, KVBlock
 from tokenmill.request import Request
 
 
@@ -29,17 +29,24 @@ class PrefixCacheStats:
 class KVCacheManager:
     """`extra_key` is everything besides the tokens that changes the KV bytes: the model's content
     identity (architecture, config, dtype, weights' fingerprint) and the KV cache dtype — never a
-    local path, so two engines on different machines agree on every block hash."""
+    local path, so two engines on different machines agree on every block hash.
+
+    `sliding_window` (every layer attends only to its last W tokens): a block that lies wholly
+    before the window of every token still to be computed goes back to the pool as soon as the
+    request next allocates (its place in the request's list holds NULL_BLOCK); a cached one stays
+    findable by hash until it is reused."""
 
     def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True,
-                 extra_key: str = "", watermark: float = 0.01) -> None:
+                 extra_key: str = "", watermark: float = 0.01, sliding_window: int | None = None) -> None:
         self.block_size = block_size
+        self.sliding_window = sliding_window
         self.pool = BlockPool(num_blocks, enable_caching)
         self.enable_caching = enable_caching
         self.extra_key = extra_key
         self.watermark_blocks = int(watermark * num_blocks)
         self.req_blocks: dict[str, list[KVBlock]] = {}
         self.num_cached_blocks: dict[str, int] = {}  # leading blocks of a request already offered to the cache
+        self.num_skipped_blocks: dict[str, int] = {}  # leading blocks freed behind the sliding window
         self.prefix_stats = PrefixCacheStats()
 
     @property
@@ -80,6 +87,7 @@ class KVCacheManager:
         to be preempted. Returns False if it does not fit. Nothing becomes findable by hash here:
         see cache_blocks."""
         computed_blocks = computed_blocks or []
+        self.free_outside_window(request)
         owned = self.req_blocks.get(request.request_id, [])
         num_computed = request.num_computed_tokens + len(computed_blocks) * self.block_size
         total = num_computed + num_new_tokens + num_lookahead_tokens
@@ -113,14 +121,34 @@ class KVCacheManager:
             return
         hashes = self.block_hashes(request, num_full * self.block_size)
         for i in range(done, num_full):
-            if blocks[i].block_hash is None:
+            if blocks[i] is not NULL_BLOCK and blocks[i].block_hash is None:
                 self.pool.cache_block(blocks[i], hashes[i])
         self.num_cached_blocks[request.request_id] = num_full
+
+    def free_outside_window(self, request: Request) -> None:
+        """Free the blocks no future token can see: the next token to compute is at position
+        num_computed_tokens, and it (like every later one) sees keys from position
+        num_computed_tokens - W + 1 on."""
+        if self.sliding_window is None:
+            return
+        blocks = self.req_blocks.get(request.request_id)
+        if not blocks:
+            return
+        first_visible = max(0, request.num_computed_tokens - self.sliding_window + 1)
+        done = self.num_skipped_blocks.get(request.request_id, 0)
+        end = min(first_visible // self.block_size, len(blocks))
+        if end <= done:
+            return
+        skipped = blocks[done:end]
+        blocks[done:end] = [NULL_BLOCK] * (end - done)
+        self.num_skipped_blocks[request.request_id] = end
+        self.pool.free(list(reversed(skipped)))
 
     # -- call 3 ---------------------------------------------------------------------------------
     def free(self, request: Request) -> None:
         blocks = self.req_blocks.pop(request.request_id, [])
         self.num_cached_blocks.pop(request.request_id, None)
+        self.num_skipped_blocks.pop(request.request_id, None)
         self.pool.free(list(reversed(blocks)))
 
     # -- queries --------------------------------------------------------------------------------

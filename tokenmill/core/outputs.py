@@ -23,6 +23,7 @@ class ModelRunnerOutput:
     sampled_token_ids: list[list[int]]  # with drafts: the accepted drafts, then one sampled token
     logprobs: list[list[SampledLogprobs] | None] | None = None  # per request, per token; None: none asked
     spec_token_ids: list[list[int]] | None = None  # per request: drafts proposed for its next step
+    expert_load: dict[int, list[int]] | None = None  # MoE: {layer: tokens routed to each expert} this step
 
 
 @dataclass
@@ -51,6 +52,7 @@ class IterationStats:
     num_draft_tokens: int = 0  # speculative tokens verified this step
     num_accepted_tokens: int = 0  # of which accepted
     accepted_per_position: list[int] = field(default_factory=list)  # accepted drafts at position 0, 1, ...
+    expert_load: dict[int, list[int]] | None = None  # MoE: {layer: tokens routed to each expert} this step
 
     @classmethod
     def idle(cls) -> IterationStats:

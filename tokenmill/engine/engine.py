@@ -72,7 +72,7 @@ class LLMEngine:
         self.tokenizer = load_tokenizer(cfg.model.tokenizer)
         self.runner = ModelRunner(cfg)
         kv = KVCacheManager(cfg.cache.num_blocks, cfg.cache.block_size, cfg.cache.enable_prefix_caching,
-                            extra_key=cfg.cache.block_hash_key)
+                            extra_key=cfg.cache.block_hash_key, sliding_window=cfg.cache.sliding_window)
         self.core = EngineCore(cfg.scheduler, kv, self.runner)
         self.detokenizer = IncrementalDetokenizer(self.tokenizer)
         self.eos_token_id = self.tokenizer.eos_token_id
@@ -100,7 +100,14 @@ class LLMEngine:
 
     @property
     def kv_capacity_tokens(self) -> int:
-        return self.config.cache.capacity_tokens
+        """The longest request the cache can hold. With a sliding window in every layer a request
+        holds at most the blocks of its window plus one step's tokens, whatever its length."""
+        cache, sched = self.config.cache, self.config.scheduler
+        if cache.sliding_window is not None:
+            at_once = cache.sliding_window + sched.max_num_batched_tokens + sched.num_lookahead_tokens
+            if (at_once // cache.block_size + 2) * cache.block_size <= cache.capacity_tokens:
+                return self.max_model_len
+        return cache.capacity_tokens
 
     @property
     def grammar_compiler(self) -> GrammarCompiler:

@@ -109,8 +109,6 @@ def resolve_dtype(name: str) -> str:
 
 def resolve_max_model_len(arch: ModelConfig, requested: int | None) -> int:
     limit = arch.max_position_embeddings
-    if arch.sliding_window:
-        limit = min(limit, arch.sliding_window)  # no sliding-window attention: stay inside it
     if requested is None:
         return limit
     if requested > limit:
@@ -135,4 +133,5 @@ def resolve_cache(cfg: EngineConfig, model: ModelSpec, draft_bytes_per_token: fl
                          f"({per_token * cfg.block_size:.0f} bytes per block)")
     return CacheConfig(block_size=cfg.block_size, num_blocks=num_blocks, kv_cache_dtype=cfg.kv_cache_dtype,
                        enable_prefix_caching=cfg.enable_prefix_caching, bytes_per_token=per_token,
-                       block_hash_key=f"{model.content_id}|kv={cfg.kv_cache_dtype}")
+                       block_hash_key=f"{model.content_id}|kv={cfg.kv_cache_dtype}",
+                       sliding_window=model.arch.uniform_sliding_window)

@@ -139,15 +139,16 @@ def set_isa(cap: str) -> str:
 
 
 def paged_decode(q: torch.Tensor, kv_cache: tuple[torch.Tensor, ...], block_tables: torch.Tensor,
-                 seq_lens: torch.Tensor, block_size: int, scale: float) -> torch.Tensor:
-    """q [B, H, D] (one query per sequence) attends to its whole cached context. -> [B, H, D] in q's dtype."""
+                 seq_lens: torch.Tensor, block_size: int, scale: float, window: int | None = None) -> torch.Tensor:
+    """q [B, H, D] (one query per sequence) attends to its cached context (only its last `window`
+    tokens with a sliding window). -> [B, H, D] in q's dtype."""
     k, v = kv_cache[0], kv_cache[1]
     if len(kv_cache) == 4:
         k_scale, v_scale = kv_cache[2], kv_cache[3]
     else:
         k_scale = v_scale = _EMPTY
     out = torch.ops.tokenmill.paged_decode(q.float().contiguous(), k, v, k_scale, v_scale, block_tables,
-                                           seq_lens, block_size, scale)
+                                           seq_lens, block_size, scale, window or 0)
     return out.to(q.dtype)
 
 

@@ -22,7 +22,10 @@ Series (units in the names; counters end in _total):
               tokenmill:generation_tokens_total, tokenmill:request_success_total{finished_reason},
               tokenmill:engine_busy_seconds_total, tokenmill:spec_decode_num_drafts_total,
               tokenmill:spec_decode_num_draft_tokens_total, tokenmill:spec_decode_num_accepted_tokens_total,
-              tokenmill:spec_decode_num_accepted_tokens_per_pos_total{position}
+              tokenmill:spec_decode_num_accepted_tokens_per_pos_total{position},
+              tokenmill:moe_expert_tokens_total{layer, expert} (MoE models: tokens routed to each
+              expert; each token counts once per chosen expert)
+  MoE gauge   tokenmill:moe_expert_load_imbalance{layer}: busiest expert's tokens / mean, since start
 The cost gauge is the cost of a token while the engine is busy (what a fully loaded device would
 pay). What the device really costs at the current traffic, idle time included, is a PromQL away:
   tokenmill:price_per_hour_usd / 3600 * 1e6 / rate(tokenmill:generation_tokens_total[5m])
@@ -37,6 +40,7 @@ import logging
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from tokenmill.metrics.expert_load import ExpertLoad
 from tokenmill.metrics.stats import CostWindow, request_timings
 
 logger = logging.getLogger(__name__)
@@ -113,6 +117,13 @@ class PrometheusStatLogger:
                                      labels + ["position"], registry=reg)
         self._success = Counter(PREFIX + "request_success", "Finished sequences by finish reason.",
                                 labels + ["finished_reason"], registry=reg)
+        self._expert_tokens = Counter(PREFIX + "moe_expert_tokens", "Tokens routed to each expert of each MoE "
+                                      "layer (a token counts once per chosen expert).",
+                                      labels + ["layer", "expert"], registry=reg)
+        self._expert_imbalance = Gauge(PREFIX + "moe_expert_load_imbalance", "Busiest expert's tokens over the "
+                                       "mean tokens per expert of a MoE layer, since start (1 = even).",
+                                       labels + ["layer"], registry=reg)
+        self.expert_load = ExpertLoad()
         for reason in ("stop", "length"):
             self._success.labels(model_name, reason)
         self.price.set(price_per_hour)
@@ -150,8 +161,20 @@ class PrometheusStatLogger:
             self.cost.add(it.step_time, it.num_generation_tokens)
             self.cost_gauge.set(self.cost.cost_per_million_output_tokens)
             self.throughput.set(self.cost.tokens_per_second)
+        if it.expert_load:
+            self._record_expert_load(it.expert_load)
         for req in finished:
             self._finished(req)
+
+    def _record_expert_load(self, step: dict[int, list[int]]) -> None:
+        """{model layer index: tokens per expert} of one step."""
+        self.expert_load.add(step)
+        for layer, row in step.items():
+            for e, n in enumerate(row):
+                if n:
+                    self._expert_tokens.labels(self.model_name, str(layer), str(e)).inc(n)
+            self._expert_imbalance.labels(self.model_name, str(layer)).set(
+                ExpertLoad.imbalance_of(self.expert_load.tokens[layer]))
 
     def _inc(self, key: str, total: int, counter) -> None:
         last = self._last[key]

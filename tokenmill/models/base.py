@@ -88,7 +88,7 @@ class CausalLM(nn.Module):
         modules = dict(self.named_modules(remove_duplicate=False))
         loaded: set[str] = set()
         for ckpt_name, tensor in weights:
-            if any(part in ckpt_name for part in self.ignored_weights):
+            if self.skip_weight(ckpt_name):
                 continue
             name, shard = self.map_checkpoint_name(ckpt_name)
             if name not in params:
@@ -101,6 +101,11 @@ class CausalLM(nn.Module):
                 _copy_checked(ckpt_name, params[name], tensor)
             loaded.add(name)
         return loaded
+
+    def skip_weight(self, ckpt_name: str) -> bool:
+        """Checkpoint tensors this model does not hold (rotary caches; with expert parallelism,
+        other processes' experts)."""
+        return any(part in ckpt_name for part in self.ignored_weights)
 
     def tie_weights(self) -> None:
         """Re-establish shared parameters (e.g. tied embeddings); called again after to_empty()."""

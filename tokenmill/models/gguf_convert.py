@@ -26,7 +26,8 @@ logger = logging.getLogger(__name__)
 
 # Bump when the output format changes, so stale cached folders are not reused.
 CONVERTER_VERSION = 1
-SUPPORTED_GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
+SUPPORTED_GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
+                                "qwen3": "Qwen3ForCausalLM", "qwen3moe": "Qwen3MoeForCausalLM"}
 
 _GLOBAL_NAMES = {
     "token_embd": "model.embed_tokens",
@@ -43,7 +44,12 @@ _BLOCK_NAMES = {
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
+    "attn_q_norm": "self_attn.q_norm",  # qwen3: per-head q/k RMSNorm
+    "attn_k_norm": "self_attn.k_norm",
+    "ffn_gate_inp": "mlp.gate",  # MoE router
 }
+# MoE experts are one [experts, rows, cols] tensor each in GGUF, one tensor per expert in HF
+_EXPERT_NAMES = {"ffn_gate_exps": "gate_proj", "ffn_up_exps": "up_proj", "ffn_down_exps": "down_proj"}
 # llama.cpp computes these itself or they carry nothing HF needs.
 SKIPPED_TENSORS = {"rope_freqs.weight"}
 _BLOCK_RE = re.compile(r"^blk\.(\d+)\.(\w+)\.(weight|bias)$")
@@ -134,9 +140,9 @@ def _build_config(arch: str, meta: dict[str, Any], shapes: dict[str, list[int]])
     vocab = get("vocab_size") or shapes["token_embd.weight"][-1]
     config: dict[str, Any] = {
         "architectures": [SUPPORTED_GGUF_ARCHITECTURES[arch]],
-        "model_type": arch,
+        "model_type": {"qwen3moe": "qwen3_moe"}.get(arch, arch),
         "hidden_size": hidden,
-        "intermediate_size": int(get("feed_forward_length")),
+        "intermediate_size": int(get("feed_forward_length") or get("expert_feed_forward_length")),
         "num_hidden_layers": int(get("block_count")),
         "num_attention_heads": heads,
         "num_key_value_heads": int(get("attention.head_count_kv", heads)),
@@ -151,8 +157,12 @@ def _build_config(arch: str, meta: dict[str, Any], shapes: dict[str, list[int]])
         "mlp_bias": False,
         "torch_dtype": "float32",
     }
-    if arch == "qwen2":
+    if arch in ("qwen2", "qwen3", "qwen3moe"):
         config["use_sliding_window"] = False
+    if arch == "qwen3moe":
+        config.update(num_experts=int(get("expert_count")), num_experts_per_tok=int(get("expert_used_count")),
+                      moe_intermediate_size=int(get("expert_feed_forward_length")), norm_topk_prob=True,
+                      decoder_sparse_step=1, mlp_only_layers=[])
     if (scaling := _rope_scaling(arch, meta)) is not None:
         config["rope_scaling"] = scaling
     config.update(_special_token_ids(meta))
@@ -196,14 +206,27 @@ def _convert_tensors(reader: GGUFReader, arch: str, config: dict[str, Any]) -> d
         if t.name in SKIPPED_TENSORS:
             logger.warning("skipping GGUF tensor %s: llama3-style rope scaling is not reconstructed", t.name)
             continue
-        hf_name = hf_tensor_name(t.name)
         # dequantize() already returns numpy order (the reverse of GGUF's ne[] shape).
         weights = dequantize(t.data, t.tensor_type)
         if arch == "llama":
             weights = _unpermute_qk(t.name, weights, config)
+        if (names := expert_tensor_names(t.name, len(weights))) is not None:  # [experts, out, in]: one each
+            for name, w in zip(names, weights):
+                out[name] = torch.from_numpy(np.array(w, dtype=np.float32, order="C"))
+            continue
         # Always copy: F32 tensors come back as read-only views of the memory-mapped file.
-        out[hf_name] = torch.from_numpy(np.array(weights, dtype=np.float32, order="C"))
+        out[hf_tensor_name(t.name)] = torch.from_numpy(np.array(weights, dtype=np.float32, order="C"))
     return out
+
+
+def expert_tensor_names(gguf_name: str, num_experts: int) -> list[str] | None:
+    """HF names of the per-expert tensors a stacked GGUF expert tensor (`blk.3.ffn_up_exps.weight`)
+    splits into; None for any other tensor."""
+    m = _BLOCK_RE.match(gguf_name)
+    if not (m and m.group(2) in _EXPERT_NAMES):
+        return None
+    return [f"model.layers.{m.group(1)}.mlp.experts.{e}.{_EXPERT_NAMES[m.group(2)]}.{m.group(3)}"
+            for e in range(num_experts)]
 
 
 def hf_tensor_name(gguf_name: str) -> str:

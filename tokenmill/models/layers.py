@@ -56,6 +56,35 @@ def _llama3_inv_freq(inv_freq: torch.Tensor, scaling: dict) -> torch.Tensor:
     return torch.where(medium, smoothed, scaled)
 
 
+def yarn_mscale(factor: float, mscale: float = 1.0) -> float:
+    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
+
+
+def _yarn_inv_freq(inv_freq: torch.Tensor, head_dim: int, theta: float, scaling: dict) -> tuple[torch.Tensor, float]:
+    """YaRN (as transformers computes it): low frequencies interpolated by `factor`, high ones kept,
+    a linear ramp between; cos/sin scaled by the attention factor."""
+    factor = scaling["factor"]
+    old_len = scaling["original_max_position_embeddings"]
+    mscale, mscale_all = scaling.get("mscale"), scaling.get("mscale_all_dim")
+    attention = scaling.get("attention_factor")
+    if attention is None:
+        attention = (yarn_mscale(factor, mscale) / yarn_mscale(factor, mscale_all) if mscale and mscale_all
+                     else yarn_mscale(factor))
+
+    def correction_dim(rotations: float) -> float:
+        return head_dim * math.log(old_len / (rotations * 2 * math.pi)) / (2 * math.log(theta))
+
+    low, high = correction_dim(scaling.get("beta_fast") or 32), correction_dim(scaling.get("beta_slow") or 1)
+    if scaling.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, head_dim - 1)
+    if low == high:
+        high += 0.001
+    ramp = ((torch.arange(head_dim // 2, dtype=torch.float32, device="cpu") - low) / (high - low)).clamp(0, 1)
+    extrapolate = 1 - ramp
+    return inv_freq / factor * (1 - extrapolate) + inv_freq * extrapolate, float(attention)
+
+
 class RotaryEmbedding(nn.Module):
     """HF (rotate-half) layout. cos/sin tables for every position are built once."""
 
@@ -63,17 +92,20 @@ class RotaryEmbedding(nn.Module):
         super().__init__()
         inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64, device="cpu").float() / head_dim))
         rope_type = (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
+        attention_factor = 1.0
         if rope_type == "llama3":
             inv_freq = _llama3_inv_freq(inv_freq, scaling)
         elif rope_type == "linear":
             inv_freq = inv_freq / scaling["factor"]
+        elif rope_type == "yarn":
+            inv_freq, attention_factor = _yarn_inv_freq(inv_freq, head_dim, theta, scaling)
         elif rope_type not in ("default", None):
-            raise ValueError(f"unsupported rope_scaling type {rope_type!r}; supported: default, linear, llama3")
+            raise ValueError(f"unsupported rope_scaling type {rope_type!r}; supported: default, linear, llama3, yarn")
         freqs = torch.outer(torch.arange(max_positions, dtype=torch.float32, device="cpu"), inv_freq)
         emb = torch.cat([freqs, freqs], dim=-1)
         # plain attributes, not buffers: built for real even when the model is created on the meta
         # device, and left alone by to_empty() and dtype casts
-        self.cos, self.sin = emb.cos(), emb.sin()
+        self.cos, self.sin = emb.cos() * attention_factor, emb.sin() * attention_factor
 
     def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """Gathered once per step and shared by every layer: [T, D] each."""

@@ -1,5 +1,7 @@
-"""The Llama family (Llama, Mistral, Qwen2): GQA, RoPE, RMSNorm, SwiGLU, optional q/k/v bias.
-Input is one flat token batch; attention goes through the attention backend."""
+"""The Llama family (Llama, Mistral, Qwen2, Qwen3): GQA, RoPE, RMSNorm, SwiGLU, optional q/k/v bias,
+optional per-head q/k RMSNorm (Qwen3), optional sliding window per layer (Mistral, Qwen2/3).
+Input is one flat token batch; attention goes through the attention backend. MoE families reuse the
+attention and decoder layer with another MLP (`mlp_factory`)."""
 from __future__ import annotations
 
 import torch
@@ -14,8 +16,13 @@ from tokenmill.quant import QuantConfig
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig, rope: RotaryEmbedding, quant: QuantConfig, prefix: str) -> None:
+    def __init__(self, cfg: ModelConfig, rope: RotaryEmbedding, quant: QuantConfig, prefix: str,
+                 layer: int = 0, qk_norm: bool = False) -> None:
         super().__init__()
+        self.sliding_window = cfg.layer_window(layer)
+        # Qwen3: RMSNorm over each head's dims of q and k, before RoPE
+        self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if qk_norm else None
+        self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if qk_norm else None
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         self.q_size = cfg.num_heads * cfg.head_dim
         self.kv_size = cfg.num_kv_heads * cfg.head_dim
@@ -31,18 +38,28 @@ class Attention(nn.Module):
         q = q.view(-1, self.num_heads, self.head_dim)
         k = k.view(-1, self.num_kv_heads, self.head_dim)
         v = v.view(-1, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q = self.q_norm(q.reshape(-1, self.head_dim)).view(-1, self.num_heads, self.head_dim)
+            k = self.k_norm(k.reshape(-1, self.head_dim)).view(-1, self.num_kv_heads, self.head_dim)
         q, k = self.rope.apply(q, k, cos_sin)
-        out = backend.forward(q, k, v, kv_cache, meta, self.scale)
+        out = backend.forward(q, k, v, kv_cache, meta, self.scale, self.sliding_window)
         return self.o_proj(out.reshape(-1, self.q_size))
 
 
+def dense_mlp(cfg: ModelConfig, quant: QuantConfig, prefix: str, layer: int) -> tuple[str, nn.Module]:
+    """(checkpoint module name, module) of a layer's MLP."""
+    return "mlp", SwiGLU(cfg.hidden_size, cfg.intermediate_size, quant, f"{prefix}.mlp")
+
+
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, rope: RotaryEmbedding, quant: QuantConfig, prefix: str) -> None:
+    def __init__(self, cfg: ModelConfig, rope: RotaryEmbedding, quant: QuantConfig, prefix: str, layer: int = 0,
+                 qk_norm: bool = False, mlp_factory=dense_mlp) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = Attention(cfg, rope, quant, f"{prefix}.self_attn")
+        self.self_attn = Attention(cfg, rope, quant, f"{prefix}.self_attn", layer, qk_norm)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size, quant, f"{prefix}.mlp")
+        self.mlp_name, mlp = mlp_factory(cfg, quant, prefix, layer)
+        setattr(self, self.mlp_name, mlp)  # named as in the checkpoint (mlp, block_sparse_moe)
 
     def forward(self, x, residual, cos_sin, kv_cache, backend, meta) -> tuple[torch.Tensor, torch.Tensor]:
         """Returns (this layer's MLP output, the residual stream before it); the next layer (or the
@@ -53,10 +70,12 @@ class DecoderLayer(nn.Module):
             h, residual = self.input_layernorm(x, residual)
         h = self.self_attn(h, cos_sin, kv_cache, backend, meta)
         h, residual = self.post_attention_layernorm(h, residual)
-        return self.mlp(h), residual
+        return getattr(self, self.mlp_name)(h), residual
 
 
 class LlamaForCausalLM(CausalLM):
+    qk_norm = False  # Qwen3
+    mlp_factory = staticmethod(dense_mlp)
     stacked_params = {
         "self_attn.q_proj": ("self_attn.qkv_proj", 0), "self_attn.k_proj": ("self_attn.qkv_proj", 1),
         "self_attn.v_proj": ("self_attn.qkv_proj", 2),
@@ -67,7 +86,8 @@ class LlamaForCausalLM(CausalLM):
         super().__init__(cfg)
         rope = RotaryEmbedding(cfg.head_dim, max_positions, cfg.rope_theta, cfg.rope_scaling)
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, rope, quant, f"layers.{i}") for i in range(cfg.num_layers))
+        self.layers = nn.ModuleList(DecoderLayer(cfg, rope, quant, f"layers.{i}", i, self.qk_norm, self.mlp_factory)
+                                    for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, quant_method=quant.get_linear_method("lm_head"),
                               prefix="lm_head")

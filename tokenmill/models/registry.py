@@ -10,6 +10,12 @@ _ARCHITECTURES: dict[str, str] = {
     "LlamaForCausalLM": "tokenmill.models.llama:LlamaForCausalLM",
     "MistralForCausalLM": "tokenmill.models.llama:LlamaForCausalLM",
     "Qwen2ForCausalLM": "tokenmill.models.qwen2:Qwen2ForCausalLM",
+    "Qwen3ForCausalLM": "tokenmill.models.qwen3:Qwen3ForCausalLM",
+    "MixtralForCausalLM": "tokenmill.models.mixtral:MixtralForCausalLM",
+    "Qwen2MoeForCausalLM": "tokenmill.models.qwen2_moe:Qwen2MoeForCausalLM",
+    "Qwen3MoeForCausalLM": "tokenmill.models.qwen2_moe:Qwen3MoeForCausalLM",
+    "DeepseekV2ForCausalLM": "tokenmill.models.deepseek:DeepseekV2ForCausalLM",
+    "DeepseekV3ForCausalLM": "tokenmill.models.deepseek:DeepseekV3ForCausalLM",
 }
 _registered: dict[str, type] = {}
 

@@ -68,7 +68,8 @@ def iter_gguf_weights(path: Path) -> Iterator[tuple[str, torch.Tensor | BlockQua
     from gguf import GGUFReader
     from gguf.quants import dequantize
 
-    from tokenmill.models.gguf_convert import SKIPPED_TENSORS, gguf_qk_heads, hf_tensor_name, unpermute_qk_rows
+    from tokenmill.models.gguf_convert import SKIPPED_TENSORS, expert_tensor_names, gguf_qk_heads, hf_tensor_name, \
+        unpermute_qk_rows
 
     reader = GGUFReader(path)
     heads = gguf_qk_heads(reader)
@@ -76,8 +77,13 @@ def iter_gguf_weights(path: Path) -> Iterator[tuple[str, torch.Tensor | BlockQua
     for t in reader.tensors:
         if t.name in SKIPPED_TENSORS:
             continue
-        name = hf_tensor_name(t.name)
         type_name = t.tensor_type.name
+        if len(t.shape) == 3:  # stacked experts [experts, out, in]: one float tensor per expert
+            w = dequantize(t.data, t.tensor_type)
+            for expert_name, e in zip(expert_tensor_names(t.name, len(w)) or [hf_tensor_name(t.name)], w):
+                yield expert_name, torch.from_numpy(np.array(e, dtype=np.float32, order="C"))
+            continue
+        name = hf_tensor_name(t.name)
         n_head = heads.get(t.name)
         if type_name in GGUF_NATIVE_TYPES and len(t.shape) == 2:
             k, n = (int(s) for s in t.shape)  # GGUF shapes list the fastest dimension first

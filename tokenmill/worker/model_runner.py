@@ -13,8 +13,10 @@ from tokenmill.config import TokenmillConfig
 from tokenmill.core.outputs import ModelRunnerOutput
 from tokenmill.core.scheduler_output import NewRequestData, SchedulerOutput
 from tokenmill.engine.resolve import TORCH_DTYPES
+from tokenmill.metrics.expert_load import ExpertLoad
 from tokenmill.models.loader import build_model
 from tokenmill.models.model_config import read_hf_config
+from tokenmill.models.moe import moe_layers
 from tokenmill.models.registry import get_model_class
 from tokenmill.quant import quant_config
 from tokenmill.sampling_params import SamplingParams
@@ -73,6 +75,8 @@ class ModelRunner:
                                               model.quant_group_size,
                                               read_hf_config(model.path).get("quantization_config")))
         self.backend = get_attention_backend(device.attention_backend)
+        self.moe_layers = moe_layers(self.model)
+        self.expert_load = ExpertLoad()  # since start, for benchmarks
         cls = get_model_class(model.arch.architecture)
         layer_spec = cls.kv_cache_spec(model.arch, cache.kv_cache_dtype, self.dtype, cache.block_size)
         self.kv_spec = layer_spec.with_num_blocks(cache.num_blocks)
@@ -110,8 +114,9 @@ class ModelRunner:
         hidden = self.model(input_ids, positions, self.kv_caches, self.backend, meta)
         if self.proposer is not None:
             self.proposer.observe(input_ids, positions, meta)
+        load = self._take_expert_load()
         if not samples:
-            return ModelRunnerOutput([], [])
+            return ModelRunnerOutput([], [], expert_load=load)
         logits = self.model.compute_logits(hidden[torch.tensor(sample_idx)])
         tokens, logprobs = self._sample(logits, samples)
         reqs = [req for req, _ in samples]
@@ -121,7 +126,15 @@ class ModelRunner:
                 req.append(token)
         return ModelRunnerOutput([r.request_id for r in reqs], tokens,
                                  logprobs if any(lp is not None for lp in logprobs) else None,
-                                 self._propose(samples, tokens) if self.proposer is not None else None)
+                                 self._propose(samples, tokens) if self.proposer is not None else None, load)
+
+    def _take_expert_load(self) -> dict[int, list[int]] | None:
+        """Tokens each expert of each MoE layer received since the last call (None: no MoE)."""
+        if not self.moe_layers:
+            return None
+        load = {m.layer: m.take_load().tolist() for m in self.moe_layers}
+        self.expert_load.add(load)
+        return load
 
     def _sample(self, logits: torch.Tensor, samples: list[tuple[RunnerRequest, list[int]]]):
         """Plain rows through the sampler, rows with drafts through verification; logits hold each

@@ -4,6 +4,8 @@
 // Shapes: q [B, H, D] float32; k_cache, v_cache [num_slots, Hkv, D] in float32, bfloat16, int8 or
 // float8_e4m3fn; k_scale, v_scale [num_slots, Hkv] (int8 log8 codes: scale = 2^(code/8), or
 // float32) or empty for a plain cache; block_tables [B, max_blocks] int64; seq_lens [B] int64.
+// window > 0: each query sees only the last `window` tokens of its context (sliding-window
+// attention, Mistral's convention: key j is visible to the query at position i iff i - j < window).
 // Output [B, H, D] float32. One task per (sequence, KV head) serves its GQA group of H/Hkv query
 // heads, so every K/V row is read once per step. Two passes: scores, then softmax-weighted V.
 #include <ATen/ATen.h>
@@ -232,12 +234,14 @@ void attend_heads(const float* q, const T* k, const T* v, const void* k_scale, c
 template <typename T>
 void attend_one(const float* q, const T* k, const T* v, const void* k_scale, const void* v_scale, bool log8,
                 const int64_t* table, int64_t len, float* out, int64_t H, int64_t Hkv, int64_t D,
-                int64_t block_size, float scale, int64_t h0, int64_t h1, std::vector<float>& scores,
-                std::vector<const T*>& rows, std::vector<int64_t>& slots) {
+                int64_t block_size, float scale, int64_t window, int64_t h0, int64_t h1,
+                std::vector<float>& scores, std::vector<const T*>& rows, std::vector<int64_t>& slots) {
   const int64_t G = H / Hkv;
-  slots.resize(len);  // slot of each context token, walked block by block (no division per token)
-  for (int64_t t0 = 0, blk = 0; t0 < len; t0 += block_size, ++blk)
-    for (int64_t i = 0, base = table[blk] * block_size; i < block_size && t0 + i < len; ++i) slots[t0 + i] = base + i;
+  const int64_t first = window > 0 && len > window ? len - window : 0;  // the window's first token
+  len -= first;
+  slots.resize(len);  // slot of each visible token, walked block by block (no division per token)
+  for (int64_t t = 0, blk = first / block_size, i = first % block_size; t < len; ++blk, i = 0)
+    for (int64_t base = table[blk] * block_size; i < block_size && t < len; ++i) slots[t++] = base + i;
   const bool fast = D % 8 == 0;
 #define TM_HEADS(FG) attend_heads<FG>(q, k, v, k_scale, v_scale, log8, slots.data(), len, out, G, Hkv, h0, h1, D, scale, scores, rows)
   if (fast && G == 1) TM_HEADS(1);
@@ -254,7 +258,7 @@ template <typename T>
 void decode_kernel(const float* q, const T* k, const T* v, const void* k_scale, const void* v_scale,
                    bool log8, const int64_t* tables, const int64_t* seq_lens, float* out, int64_t B,
                    int64_t H, int64_t Hkv, int64_t D, int64_t max_blocks, int64_t block_size,
-                   float scale) {
+                   float scale, int64_t window) {
   // Whole sequences per task when there are enough of them (contiguous rows); else split KV heads.
   const int64_t splits = B >= 2 * at::get_num_threads() ? 1 : Hkv;
   const int64_t per = Hkv / splits;
@@ -265,7 +269,7 @@ void decode_kernel(const float* q, const T* k, const T* v, const void* k_scale, 
     for (int64_t task = begin; task < end; ++task) {
       const int64_t b = task / splits, h0 = (task % splits) * per;
       attend_one(q + b * H * D, k, v, k_scale, v_scale, log8, tables + b * max_blocks, seq_lens[b],
-                 out + b * H * D, H, Hkv, D, block_size, scale, h0, h0 + per, scores, rows, slots);
+                 out + b * H * D, H, Hkv, D, block_size, scale, window, h0, h0 + per, scores, rows, slots);
     }
   });
 }
@@ -273,7 +277,7 @@ void decode_kernel(const float* q, const T* k, const T* v, const void* k_scale, 
 at::Tensor paged_decode(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                         const at::Tensor& k_scale, const at::Tensor& v_scale,
                         const at::Tensor& block_tables, const at::Tensor& seq_lens, int64_t block_size,
-                        double scale) {
+                        double scale, int64_t window) {
   TORCH_CHECK(q.dim() == 3 && q.scalar_type() == at::kFloat && q.is_contiguous(), "q: [B, H, D] float32");
   TORCH_CHECK(k_cache.dim() == 3 && k_cache.is_contiguous() && v_cache.is_contiguous(), "cache: [slots, Hkv, D]");
   TORCH_CHECK(k_cache.scalar_type() == v_cache.scalar_type(), "k and v cache dtypes differ");
@@ -295,20 +299,20 @@ at::Tensor paged_decode(const at::Tensor& q, const at::Tensor& k_cache, const at
   switch (k_cache.scalar_type()) {
     case at::kFloat:
       decode_kernel(q.data_ptr<float>(), k_cache.data_ptr<float>(), v_cache.data_ptr<float>(), ks, vs, log8,
-                    tables, lens, out.data_ptr<float>(), B, H, Hkv, D, max_blocks, block_size, s);
+                    tables, lens, out.data_ptr<float>(), B, H, Hkv, D, max_blocks, block_size, s, window);
       break;
     case at::kBFloat16:
       decode_kernel(q.data_ptr<float>(), k_cache.data_ptr<at::BFloat16>(), v_cache.data_ptr<at::BFloat16>(), ks,
-                    vs, log8, tables, lens, out.data_ptr<float>(), B, H, Hkv, D, max_blocks, block_size, s);
+                    vs, log8, tables, lens, out.data_ptr<float>(), B, H, Hkv, D, max_blocks, block_size, s, window);
       break;
     case at::kChar:
       decode_kernel(q.data_ptr<float>(), k_cache.data_ptr<int8_t>(), v_cache.data_ptr<int8_t>(), ks, vs, log8,
-                    tables, lens, out.data_ptr<float>(), B, H, Hkv, D, max_blocks, block_size, s);
+                    tables, lens, out.data_ptr<float>(), B, H, Hkv, D, max_blocks, block_size, s, window);
       break;
     case at::kFloat8_e4m3fn:
       decode_kernel(q.data_ptr<float>(), k_cache.data_ptr<c10::Float8_e4m3fn>(),
                     v_cache.data_ptr<c10::Float8_e4m3fn>(), ks, vs, log8, tables, lens, out.data_ptr<float>(), B,
-                    H, Hkv, D, max_blocks, block_size, s);
+                    H, Hkv, D, max_blocks, block_size, s, window);
       break;
     default:
       TORCH_CHECK(false, "unsupported KV cache dtype ", k_cache.scalar_type());
@@ -320,7 +324,7 @@ at::Tensor paged_decode(const at::Tensor& q, const at::Tensor& k_cache, const at
 
 TORCH_LIBRARY(tokenmill, m) {
   m.def("paged_decode(Tensor q, Tensor k_cache, Tensor v_cache, Tensor k_scale, Tensor v_scale, "
-        "Tensor block_tables, Tensor seq_lens, int block_size, float scale) -> Tensor");
+        "Tensor block_tables, Tensor seq_lens, int block_size, float scale, int window=0) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(tokenmill, CPU, m) { m.impl("paged_decode", &paged_decode); }
