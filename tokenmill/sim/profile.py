@@ -10,6 +10,7 @@ relative error).
 """
 from __future__ import annotations
 
+import os
 import platform
 import time
 from dataclasses import asdict, dataclass
@@ -56,7 +57,7 @@ def measure_memory_bandwidth(nbytes: int = 1 << 28, repeats: int = 5) -> float:
     return best
 
 
-def collect(engine: Any, grid: tuple[tuple[int, int], ...], output_len: int, seed: int = 0,
+def collect(engine: Any, grid: tuple[tuple[int, int], ...], output_len: int, repeats: int = 1, seed: int = 0,
             progress: bool = True) -> list[tuple[BatchShape, float]]:
     from tokenmill.sampling_params import SamplingParams
 
@@ -66,7 +67,7 @@ def collect(engine: Any, grid: tuple[tuple[int, int], ...], output_len: int, see
     vocab = engine.vocab_size
     samples: list[tuple[BatchShape, float]] = []
     params = SamplingParams(max_tokens=output_len, ignore_eos=True, temperature=0.0)
-    for point, (prompt_len, num_seqs) in enumerate(((64, 2), *grid)):  # the first point warms up
+    for point, (prompt_len, num_seqs) in enumerate(((64, 2), *grid * repeats)):  # the first point warms up
         for _ in range(num_seqs):
             ids = [int(t) for t in rng.integers(100, vocab - 1, size=prompt_len)]
             engine.add_request(None, ids, params)
@@ -78,7 +79,7 @@ def collect(engine: Any, grid: tuple[tuple[int, int], ...], output_len: int, see
                 samples.append((recorder.last, dt))
             recorder.last = None
         if progress and point > 0:
-            print(f"  grid {point}/{len(grid)}: prompt {prompt_len} x {num_seqs} requests", flush=True)
+            print(f"  grid {point}/{len(grid) * repeats}: prompt {prompt_len} x {num_seqs} requests", flush=True)
     return samples
 
 
@@ -123,7 +124,7 @@ def run_profile(args: Any) -> dict[str, Any]:
     print(f"profiling {cfg.model.served_name} ({cfg.model.dtype}, {cfg.device.num_threads} threads) over "
           f"{len(DEFAULT_GRID)} batch shapes", flush=True)
     bandwidth = measure_memory_bandwidth()
-    samples = collect(engine, DEFAULT_GRID, args.output_len)
+    samples = collect(engine, DEFAULT_GRID, args.output_len, args.repeats)
     result = fit(shape, samples, bandwidth, weight_dtype, kv_dtype)
     return profile_record(args, engine, shape, weight_dtype, kv_dtype, bandwidth, samples, result)
 
@@ -152,6 +153,7 @@ def profile_record(args: Any, engine: Any, shape: ModelShape, weight_dtype: str,
         "measured_memory_bytes_per_s": bandwidth,
         "coefficients": asdict(result.coeff),
         "frontend_latency_s": 0.0,
+        "load_average": list(os.getloadavg()),
         "fit": {"num_steps": len(samples), "median_abs_rel_err": result.median_abs_rel_err,
                 "p90_abs_rel_err": result.p90_abs_rel_err},
         "samples": [[b.num_prefill_tokens, b.num_decode_tokens, b.num_seqs, b.attention_pairs, b.kv_tokens_read,
