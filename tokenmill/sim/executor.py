@@ -29,6 +29,9 @@ class PerfModelExecutor(DryRunExecutor):
         self.steps: list[StepRecord] | None = [] if record else None
         self.busy_time = 0.0
         self.num_steps = 0
+        self.account = True  # time by operator class and by phase (the planner's binding constraint, $/token)
+        self.time_by_class: dict[str, float] = {}
+        self.prefill_time = 0.0  # busy time attributed to prompt tokens; the rest to generated ones
 
     def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
         for rid in out.finished_request_ids:
@@ -45,6 +48,20 @@ class PerfModelExecutor(DryRunExecutor):
         seconds = self.perf.step_time(shape)
         self.busy_time += seconds
         self.num_steps += 1
+        if self.account and shape.num_seqs:
+            self._account(shape, seconds)
         if self.steps is not None:
             self.steps.append(StepRecord(self.clock.now, seconds, tuple(out.num_scheduled_tokens.items()), shape))
         return seconds
+
+    def _account(self, shape: BatchShape, seconds: float) -> None:
+        parts = self.perf.breakdown(shape)
+        for k, v in parts.items():
+            self.time_by_class[k] = self.time_by_class.get(k, 0.0) + v
+        # compute splits by token share; reading weights and KV and the fixed costs by sequence share
+        # (a decoding sequence holds its place in the batch as a prefilling one does)
+        token_share = shape.num_prefill_tokens / shape.num_tokens
+        decode_seqs = min(shape.num_seqs, shape.num_decode_tokens)
+        seq_share = (shape.num_seqs - decode_seqs) / shape.num_seqs
+        compute = parts["linear_compute"] + parts["attention_compute"] + parts["communication"]
+        self.prefill_time += (compute * token_share + (seconds - compute) * seq_share)

@@ -53,6 +53,7 @@ class SimResult:
     token_times: list[float] = field(default_factory=list)
     num_cached_tokens: int = 0
     num_preemptions: int = 0
+    queue_time: float = 0.0  # arrival to first scheduled (on the first replica)
     replicas: list[int] = field(default_factory=list)
 
     @property
@@ -233,6 +234,7 @@ class ClusterSimulator:
             res.num_preemptions += req.events.num_preemptions
             if replica.role != "decode":
                 res.num_cached_tokens = req.num_cached_tokens
+                res.queue_time = (req.events.first_scheduled or req.events.arrival) - req.events.arrival
             sim_req = self._pending.pop(req.request_id)
             if replica.role == "prefill" and sim_req.output_len > 1:
                 nbytes = len(sim_req.prompt_token_ids) * replica.spec.perf.kv_bytes_per_token
