@@ -36,7 +36,11 @@ class ReplayDurations:
 
     def step_time(self, shape: BatchShape) -> float:
         self.shapes.append(shape)
-        return self.durations.pop(0)
+        self.last = self.durations.pop(0)
+        return self.last
+
+    def breakdown(self, shape: BatchShape) -> dict[str, float]:
+        return {"overhead": self.last, "linear_compute": 0.0, "attention_compute": 0.0, "communication": 0.0}
 
 
 def _log():
