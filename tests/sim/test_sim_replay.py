@@ -68,14 +68,21 @@ def test_simulator_schedules_the_real_engines_batches(tiny_llama):
     arrivals = {}
     log = _log()
     step = 0
+    woke: list[str] = []  # requests that arrived at an idle engine: the next step starts at their arrival
     while log or engine.has_unfinished_requests():
         now = core.clock()  # the requests added before one step arrive together
+        idle = not engine.has_unfinished_requests()
         while log and log[0][0] <= step:
             _, rid, ids, max_tokens = log.pop(0)
             arrivals[rid] = now
+            woke += [rid] if idle else []
             engine.add_request(rid, ids, SamplingParams(max_tokens=max_tokens, ignore_eos=True), arrival_time=now)
         time.sleep(0.001)  # arrivals strictly before the next step's start
+        n_steps = len(rec.steps)
         engine.step()
+        for rid in woke:
+            arrivals[rid] = rec.steps[n_steps][0]
+        woke = []
         step += 1
     real = [batch for _, batch in rec.steps]
     assert core.scheduler.num_preemptions > 0, "the log should exercise preemption"
