@@ -1,6 +1,6 @@
 """A model's serving-relevant shape from any Hugging Face config.json (torch-free): parameter bytes,
 KV bytes per token and FLOPs per token, for dense (Llama/Qwen/Mistral), MoE (Mixtral, Qwen-MoE,
-DeepSeek) and MLA (DeepSeek-V2/V3: a latent KV cache) variants."""
+DeepSeek) and MLA (DeepSeek-V2/V3: a latent KV cache) variants, and OPT's plain MLP (`ffn_dim`)."""
 from __future__ import annotations
 
 import json
@@ -35,6 +35,7 @@ class ModelShape:
     num_dense_layers: int = 0  # leading dense layers of a MoE model (DeepSeek's first_k_dense_replace)
     kv_lora_rank: int = 0  # >0: MLA, the cache holds a latent of this width plus the rope key
     qk_rope_head_dim: int = 0
+    mlp_matrices: int = 3  # gate, up, down (SwiGLU); 2 for a plain MLP (OPT, GPT-2 style: fc1, fc2)
 
     @classmethod
     def from_hf_config(cls, cfg: dict[str, Any], name: str = "model") -> ModelShape:
@@ -47,11 +48,12 @@ class ModelShape:
         return cls(
             name=name, num_layers=_require(cfg, "num_hidden_layers"), hidden_size=hidden, num_heads=heads,
             num_kv_heads=cfg.get("num_key_value_heads") or heads, head_dim=head_dim,
-            intermediate_size=_require(cfg, "intermediate_size"), vocab_size=_require(cfg, "vocab_size"),
+            intermediate_size=cfg.get("ffn_dim") or _require(cfg, "intermediate_size"),
+            vocab_size=_require(cfg, "vocab_size"), mlp_matrices=2 if "ffn_dim" in cfg else 3,
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             num_experts=int(experts),
             experts_per_token=int(cfg.get("num_experts_per_tok") or (2 if experts else 0)),
-            moe_intermediate_size=int(cfg.get("moe_intermediate_size") or (cfg["intermediate_size"] if experts else 0)),
+            moe_intermediate_size=int(cfg.get("moe_intermediate_size") or (cfg.get("intermediate_size", 0) if experts else 0)),
             num_shared_experts=int(cfg.get("n_shared_experts") or (1 if cfg.get("shared_expert_intermediate_size") else 0)),
             num_dense_layers=int(cfg.get("first_k_dense_replace") or 0),
             kv_lora_rank=int(cfg.get("kv_lora_rank") or 0), qk_rope_head_dim=int(cfg.get("qk_rope_head_dim") or 0))
@@ -83,7 +85,7 @@ class ModelShape:
         return h * q + 2 * h * kv + q * h
 
     def _mlp_params(self, width: int) -> int:
-        return 3 * self.hidden_size * width  # gate, up, down
+        return self.mlp_matrices * self.hidden_size * width
 
     def _layer_params(self, active: bool) -> tuple[int, int]:
         """(dense-layer params, MoE-layer params); `active`: only the experts a token uses."""

@@ -44,7 +44,8 @@ def add_validate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rates", help="R1,R2,R3 for every workload (default: per workload, see validate.py)")
     p.add_argument("--num-requests", type=int, default=40, help="per run (default: %(default)s)")
     p.add_argument("--profile", help="profile JSON (default: the shipped CPU profile)")
-    p.add_argument("--num-threads", type=int, default=2, help="server threads (default: %(default)s)")
+    p.add_argument("--num-threads", type=int, default=1, help="server threads; 1 keeps a shared machine's other "
+                   "jobs from stalling the model's thread barriers (default: %(default)s)")
     p.add_argument("--num-kv-blocks", type=int, default=4096, help="both sides (default: %(default)s)")
     p.add_argument("--max-num-batched-tokens", type=int, default=1024, help="both sides (default: %(default)s)")
     p.add_argument("--seed", type=int, default=0)
