@@ -51,7 +51,7 @@ def test_plan_writes_a_report_with_plots(tmp_path, capsys):
                  "--batch-tokens", "2048", "--weight-dtypes", "bfloat16", "--kv-dtypes", "bfloat16",
                  "--pd-ratios", "none", "--out", str(out), "--disable-tqdm"]) == 0
     report = (out / "plan.md").read_text()
-    assert "h100 1x TP1" in report and "continuous batching off" in report
+    assert "h100 1x TP1" in report and "continuous batching off" in report and "2-per-device" in report
     plan = json.loads((out / "plan.json").read_text())
     assert plan["best"][0]["ttft_ms.p99"] <= 2000 and plan["best"][0]["tpot_ms.p99"] <= 100
     assert plan["best"][0]["binding"] in ("compute", "HBM bandwidth", "KV capacity", "queueing", "communication",

@@ -36,6 +36,7 @@ class ClusterConfig:
     link_latency_s: float = 1e-4
     decode_hardware: str | None = None  # a mixed pool: decode replicas on another device kind
     continuous_batching: bool = True
+    partitions: int = 1  # >1: spatial partitioning, this many replicas share each device (MIG-like slices)
 
     def __post_init__(self) -> None:
         if self.weight_dtype not in WEIGHT_DTYPES:
@@ -47,6 +48,8 @@ class ClusterConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if (self.prefill_replicas > 0) != (self.decode_replicas > 0):
             raise ValueError("prefill_replicas and decode_replicas go together (both > 0, or both 0)")
+        if self.partitions < 1 or (self.partitions > 1 and self.tp > 1):
+            raise ValueError(f"partitions must be >= 1 and needs tp 1, got partitions={self.partitions} tp={self.tp}")
         if not 0 < self.kv_memory_fraction <= 1:
             raise ValueError(f"kv_memory_fraction must be in (0, 1], got {self.kv_memory_fraction}")
 
@@ -57,7 +60,7 @@ class ClusterConfig:
     @property
     def num_devices(self) -> int:
         n = self.prefill_replicas + self.decode_replicas if self.disaggregated else self.replicas
-        return n * self.tp
+        return n * self.tp / self.partitions
 
     def scheduler(self) -> SchedulerConfig:
         return SchedulerConfig(self.max_num_batched_tokens, self.max_num_seqs, self.max_model_len,
@@ -68,10 +71,13 @@ class ClusterConfig:
         return (f"{pool} TP{self.tp} batch{self.max_num_batched_tokens} w={self.weight_dtype} kv={self.kv_dtype}"
                 + ("" if self.kv_memory_fraction == 1 else f" kvmem={self.kv_memory_fraction:g}")
                 + ("" if self.enable_prefix_caching else " no-prefix-cache")
-                + ("" if self.continuous_batching else " static-batching"))
+                + ("" if self.continuous_batching else " static-batching")
+                + ("" if self.partitions == 1 else f" {self.partitions}-per-device"))
 
 
 def hardware_replica(cfg: ClusterConfig, hw: Hardware, shape: ModelShape, role: str) -> ReplicaSpec:
+    if cfg.partitions > 1:
+        hw = hw.slice(cfg.partitions)
     perf = hw.perf_model(shape, cfg.weight_dtype, cfg.kv_dtype, cfg.tp)
     blocks = cfg.num_kv_blocks
     if blocks is None:

@@ -3,7 +3,7 @@ user-editable) or a profile measured on this machine (`tokenmill sim profile`, J
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -38,6 +38,13 @@ class Hardware:
             attention_flops_per_s=self.bf16_tflops * 1e12 * e["attention_efficiency"],
             mem_bytes_per_s=self.hbm_gbps * 1e9 * e["memory_efficiency"],
             step_overhead_s=e["step_overhead_s"], per_seq_s=e["per_seq_s"], per_token_s=e["per_token_s"])
+
+    def slice(self, k: int) -> Hardware:
+        """One of k equal spatial partitions (MIG-like): 1/k of the compute, bandwidth, memory and
+        price; the per-step host overhead stays whole (each partition runs its own engine)."""
+        return replace(self, key=f"{self.key}/{k}", name=f"1/{k} {self.name}", bf16_tflops=self.bf16_tflops / k,
+                       fp8_tflops=None if self.fp8_tflops is None else self.fp8_tflops / k,
+                       hbm_gbps=self.hbm_gbps / k, hbm_gb=self.hbm_gb / k, price_per_hour=self.price_per_hour / k)
 
     @property
     def interconnect(self) -> Interconnect:

@@ -171,6 +171,8 @@ def lever_variants(base: Structure, units: int) -> list[tuple[str, Structure, in
            ("weight int4" if cfg.weight_dtype != "int4" else "weight bfloat16",
             replace(base, cfg=replace(cfg, weight_dtype="bfloat16" if cfg.weight_dtype == "int4" else "int4")),
             units)]
+    if base.pd is None and cfg.tp == 1 and cfg.partitions == 1:
+        out.append(("spatial partitioning, 2 per device", replace(base, cfg=replace(cfg, partitions=2)), 2 * units))
     if base.pd is None and units >= 2:
         p = max(1, units // 2)
         pd_cfg = replace(cfg, prefill_replicas=1, decode_replicas=1)
