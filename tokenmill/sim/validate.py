@@ -84,9 +84,11 @@ def _summary(folder: Path) -> dict[str, Any]:
 
 
 def run_case(args: argparse.Namespace, workload: str, opts: list[str], rate: float, port: int, out: Path,
-             tokenizer: str) -> tuple[dict[str, Any], dict[str, Any]]:
+             tokenizer: str, index: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    # a new seed per rate: the server's prefix cache still holds the previous run's prompts
     common = ["--workload", workload, "--num-requests", str(args.num_requests), "--request-rate", str(rate),
-              "--seed", str(args.seed), "--tokenizer", tokenizer, "--endpoint", "completions", "--disable-tqdm"]
+              "--seed", str(args.seed + index), "--tokenizer", tokenizer, "--endpoint", "completions",
+              "--disable-tqdm"]
     for o in opts:
         common += ["--workload-opt", o]
     measured, simulated = out / "measured" / workload / f"rate_{rate:g}", out / "sim" / workload / f"rate_{rate:g}"
@@ -140,8 +142,8 @@ def run_validate(args: argparse.Namespace) -> int:
         port = _free_port()
         server = start_server(args, port, out / f"server-{workload}.log")
         try:
-            for rate in rates:
-                meas, sim = run_case(args, workload, opts, rate, port, out, tokenizer)
+            for index, rate in enumerate(rates):
+                meas, sim = run_case(args, workload, opts, rate, port, out, tokenizer, index)
                 cases.append((workload, rate, meas, sim))
                 print(f"{workload} rate {rate:g}: done", flush=True)
         finally:
