@@ -84,7 +84,7 @@ def _summary(folder: Path) -> dict[str, Any]:
 
 
 def run_case(args: argparse.Namespace, workload: str, opts: list[str], rate: float, port: int, out: Path,
-             tokenizer: str, index: int) -> tuple[dict[str, Any], dict[str, Any]]:
+             tokenizer: str, index: int) -> tuple[dict[str, Any], dict[str, Any], tuple[float, float]]:
     # a new seed per rate: the server's prefix cache still holds the previous run's prompts
     common = ["--workload", workload, "--num-requests", str(args.num_requests), "--request-rate", str(rate),
               "--seed", str(args.seed + index), "--tokenizer", tokenizer, "--endpoint", "completions",
@@ -92,20 +92,23 @@ def run_case(args: argparse.Namespace, workload: str, opts: list[str], rate: flo
     for o in opts:
         common += ["--workload-opt", o]
     measured, simulated = out / "measured" / workload / f"rate_{rate:g}", out / "sim" / workload / f"rate_{rate:g}"
+    load_before = os.getloadavg()[0]
     subprocess.run(_cli("bench", "serve", "--base-url", f"http://127.0.0.1:{port}", *common, "--out", str(measured)),
                    check=True, stdout=subprocess.DEVNULL)
+    load = (load_before, os.getloadavg()[0])  # 1-minute load average before and after the measured run
     sim = _cli("sim", "run", *common, "--out", str(simulated), "--num-kv-blocks", str(args.num_kv_blocks),
                "--max-num-batched-tokens", str(args.max_num_batched_tokens))
     if args.profile:
         sim += ["--profile", args.profile]
     subprocess.run(sim, check=True, stdout=subprocess.DEVNULL)
-    return _summary(measured), _summary(simulated)
+    return _summary(measured), _summary(simulated), load
 
 
-def error_rows(cases: list[tuple[str, float, dict, dict]]) -> tuple[list[list[Any]], dict[str, list[float]]]:
+def error_rows(cases: list[tuple]) -> tuple[list[list[Any]], dict[str, list[float]]]:
+    """cases: (workload, rate, measured summary, simulated summary[, (load before, load after)])."""
     rows, errors = [], {label: [] for _, label in METRICS}
-    for workload, rate, meas, sim in cases:
-        row: list[Any] = [workload, f"{rate:g}"]
+    for workload, rate, meas, sim, *load in cases:
+        row: list[Any] = [workload, f"{rate:g}", f"{load[0][0]:.1f} -> {load[0][1]:.1f}" if load else "-"]
         for key, label in METRICS:
             m, s = lookup(meas, key), lookup(sim, key)
             if m and s is not None:
@@ -118,9 +121,9 @@ def error_rows(cases: list[tuple[str, float, dict, dict]]) -> tuple[list[list[An
     return rows, errors
 
 
-def error_table(cases: list[tuple[str, float, dict, dict]]) -> str:
+def error_table(cases: list[tuple]) -> str:
     rows, errors = error_rows(cases)
-    header = ["Workload", "Rate (req/s)", *[f"{label} meas / sim" for _, label in METRICS]]
+    header = ["Workload", "Rate (req/s)", "Load avg", *[f"{label} meas / sim" for _, label in METRICS]]
     summary = [[label, f"{100 * statistics.median(e):.1f}%" if e else "-", f"{100 * max(e):.1f}%" if e else "-"]
                for label, e in errors.items()]
     return (md_table(header, rows) + "\n\n" + md_table(["Metric", "Median |error|", "Worst |error|"], summary)
@@ -143,8 +146,8 @@ def run_validate(args: argparse.Namespace) -> int:
         server = start_server(args, port, out / f"server-{workload}.log")
         try:
             for index, rate in enumerate(rates):
-                meas, sim = run_case(args, workload, opts, rate, port, out, tokenizer, index)
-                cases.append((workload, rate, meas, sim))
+                meas, sim, load = run_case(args, workload, opts, rate, port, out, tokenizer, index)
+                cases.append((workload, rate, meas, sim, load))
                 print(f"{workload} rate {rate:g}: done", flush=True)
         finally:
             server.terminate()
