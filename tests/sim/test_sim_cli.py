@@ -59,3 +59,16 @@ def test_plan_writes_a_report_with_plots(tmp_path, capsys):
     assert (out / "frontier.png").stat().st_size > 0 and (out / "latency.png").stat().st_size > 0
     assert main(["plan", "--model", str(model), "--slo", "ttft<=2s", "--out", str(out)]) == 2
     assert "METRIC_pN" in capsys.readouterr().err
+
+
+def test_validation_error_table():
+    from tokenmill.sim.validate import error_table
+
+    def summary(ttft50, tput):
+        return {"ttft_ms": {"p50": ttft50, "p99": 2 * ttft50}, "tpot_ms": {"p50": 10.0, "p99": 20.0},
+                "output_throughput": tput}
+    cases = [("chat", 0.5, summary(100.0, 10.0), summary(110.0, 10.0), (1.0, 1.5)),
+             ("chat", 1.0, summary(100.0, 10.0), summary(70.0, 12.0))]
+    table = error_table(cases)
+    assert "100.0 / 110.0 (+10%)" in table and "100.0 / 70.0 (-30%)" in table and "1.0 -> 1.5" in table
+    assert "| TTFT p50 | 20.0% | 30.0% |" in table and "| throughput | 10.0% | 20.0% |" in table
