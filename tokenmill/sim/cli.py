@@ -36,6 +36,7 @@ def add_sim_parser(sub: Any) -> None:
     prof.add_argument("--repeats", type=int, default=3, help="runs of each grid point; each step keeps its fastest "
                       "(default: %(default)s)")
     prof.add_argument("--out", required=True, help="profile JSON to write")
+    prof.add_argument("--refit", metavar="PROFILE", help="fit a profile's recorded steps again (no measuring)")
     prof.set_defaults(func=_profile)
 
     from tokenmill.sim.validate import add_validate_args
@@ -64,8 +65,12 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _profile(args: argparse.Namespace) -> int:
-    from tokenmill.sim.profile import run_profile
-    record = run_profile(args)
+    from tokenmill.sim.profile import refit, run_profile
+    if args.refit:
+        from tokenmill.sim.hardware import load_profile
+        record = refit(load_profile(args.refit))
+    else:
+        record = run_profile(args)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
     fit = record["fit"]

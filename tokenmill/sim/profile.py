@@ -113,7 +113,6 @@ def fit(shape: ModelShape, samples: list[tuple[BatchShape, float]], mem_bytes_pe
     from scipy.optimize import least_squares
 
     y = np.array([t for _, t in samples])
-    x0 = np.log([50e9, 20e9, float(np.min(y)) / 2, 1e-4, 1e-6])
 
     def coeff(logp: np.ndarray) -> PerfCoefficients:
         return PerfCoefficients(**dict(zip(FITTED, np.exp(logp))), mem_bytes_per_s=mem_bytes_per_s)
@@ -122,7 +121,10 @@ def fit(shape: ModelShape, samples: list[tuple[BatchShape, float]], mem_bytes_pe
         m = PerfModel(shape, coeff(logp), weight_dtype, kv_dtype)
         return np.array([m.step_time(b) for b, _ in samples]) / y - 1.0
 
-    sol = least_squares(residuals, x0)
+    # the max() terms make the surface non-convex: start from a few GEMM/attention rates, keep the best
+    starts = [np.log([f_lin, f_attn, float(np.min(y)) / 2, 1e-4, 1e-6])
+              for f_lin in (20e9, 60e9, 200e9) for f_attn in (5e9, 20e9, 80e9)]
+    sol = min((least_squares(residuals, x0) for x0 in starts), key=lambda r: r.cost)
     err = np.abs(residuals(sol.x))
     return FitResult(coeff(sol.x), float(np.median(err)), float(np.percentile(err, 90)))
 
@@ -175,3 +177,13 @@ def profile_record(args: Any, engine: Any, shape: ModelShape, weight_dtype: str,
         "samples": [[b.num_prefill_tokens, b.num_decode_tokens, b.num_seqs, b.attention_pairs, b.kv_tokens_read,
                      round(t, 6)] for b, t in samples],
     }
+
+
+def refit(profile: dict[str, Any]) -> dict[str, Any]:
+    """The profile's recorded steps fitted again (after a change to the model or the fit)."""
+    shape = ModelShape(**profile["model_shape"])
+    samples = [(BatchShape(p, d, n, a, k), t) for p, d, n, a, k, t in profile["samples"]]
+    result = fit(shape, samples, profile["measured_memory_bytes_per_s"], profile["weight_dtype"], profile["kv_dtype"])
+    return {**profile, "coefficients": asdict(result.coeff),
+            "fit": {"num_steps": len(samples), "median_abs_rel_err": result.median_abs_rel_err,
+                    "p90_abs_rel_err": result.p90_abs_rel_err}}

@@ -49,6 +49,8 @@ def add_validate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--num-kv-blocks", type=int, default=4096, help="both sides (default: %(default)s)")
     p.add_argument("--max-num-batched-tokens", type=int, default=1024, help="both sides (default: %(default)s)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--sim-only", action="store_true",
+                   help="keep the measured runs already in --out; simulate again (e.g. with a new --profile)")
 
 
 def _free_port() -> int:
@@ -92,23 +94,27 @@ def run_case(args: argparse.Namespace, workload: str, opts: list[str], rate: flo
     for o in opts:
         common += ["--workload-opt", o]
     measured, simulated = out / "measured" / workload / f"rate_{rate:g}", out / "sim" / workload / f"rate_{rate:g}"
-    load_before = os.getloadavg()[0]
-    subprocess.run(_cli("bench", "serve", "--base-url", f"http://127.0.0.1:{port}", *common, "--out", str(measured)),
-                   check=True, stdout=subprocess.DEVNULL)
-    load = (load_before, os.getloadavg()[0])  # 1-minute load average before and after the measured run
+    if args.sim_only:  # the measured run is already there: simulate again (a new profile)
+        load = tuple(json.loads((measured / "load.json").read_text())) if (measured / "load.json").exists() else ()
+    else:
+        load_before = os.getloadavg()[0]
+        subprocess.run(_cli("bench", "serve", "--base-url", f"http://127.0.0.1:{port}", *common, "--out",
+                            str(measured)), check=True, stdout=subprocess.DEVNULL)
+        load = (load_before, os.getloadavg()[0])  # 1-minute load average before and after the measured run
+        (measured / "load.json").write_text(json.dumps(load))
     sim = _cli("sim", "run", *common, "--out", str(simulated), "--num-kv-blocks", str(args.num_kv_blocks),
                "--max-num-batched-tokens", str(args.max_num_batched_tokens))
     if args.profile:
         sim += ["--profile", args.profile]
     subprocess.run(sim, check=True, stdout=subprocess.DEVNULL)
-    return _summary(measured), _summary(simulated), load
+    return _summary(measured), _summary(simulated), load if load else None
 
 
 def error_rows(cases: list[tuple]) -> tuple[list[list[Any]], dict[str, list[float]]]:
     """cases: (workload, rate, measured summary, simulated summary[, (load before, load after)])."""
     rows, errors = [], {label: [] for _, label in METRICS}
     for workload, rate, meas, sim, *load in cases:
-        row: list[Any] = [workload, f"{rate:g}", f"{load[0][0]:.1f} -> {load[0][1]:.1f}" if load else "-"]
+        row: list[Any] = [workload, f"{rate:g}", f"{load[0][0]:.1f} -> {load[0][1]:.1f}" if load and load[0] else "-"]
         for key, label in METRICS:
             m, s = lookup(meas, key), lookup(sim, key)
             if m and s is not None:
@@ -143,15 +149,16 @@ def run_validate(args: argparse.Namespace) -> int:
         opts, rates = DEFAULT_CASES[workload]
         rates = [float(r) for r in args.rates.split(",")] if args.rates else rates
         port = _free_port()
-        server = start_server(args, port, out / f"server-{workload}.log")
+        server = None if args.sim_only else start_server(args, port, out / f"server-{workload}.log")
         try:
             for index, rate in enumerate(rates):
                 meas, sim, load = run_case(args, workload, opts, rate, port, out, tokenizer, index)
                 cases.append((workload, rate, meas, sim, load))
                 print(f"{workload} rate {rate:g}: done", flush=True)
         finally:
-            server.terminate()
-            server.wait(timeout=60)
+            if server is not None:
+                server.terminate()
+                server.wait(timeout=60)
     table = error_table(cases)
     load = os.getloadavg()
     text = f"# tokenmill sim validate\n\nload average at the end: {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}\n\n{table}\n"
