@@ -1,4 +1,4 @@
-"""tokenmill command line: serve | generate | chat | bench."""
+"""tokenmill command line: serve | generate | chat | bench | sim | plan."""
 from __future__ import annotations
 
 import argparse
@@ -101,6 +101,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_bench(sub)
     from tokenmill.quant import quantize
     quantize.add_parser(sub)
+    from tokenmill.sim.cli import add_plan_parser, add_sim_parser
+    add_sim_parser(sub)
+    add_plan_parser(sub)
     return parser
 
 
@@ -127,7 +130,8 @@ def _add_bench(sub) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    from tokenmill.sim.cli import normalize_argv
+    args = build_parser().parse_args(normalize_argv(list(sys.argv[1:] if argv is None else argv)))
     try:
         return int(args.func(args) or 0)
     except BrokenPipeError:  # `tokenmill generate ... | head`: the reader left

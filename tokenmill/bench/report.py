@@ -99,7 +99,7 @@ def _shown(v: Any) -> bool:
 
 
 def meta_markdown(meta: dict[str, Any]) -> str:
-    keys = ("date", "host", "base_url", "model", "endpoint", "workload", "workload_opts", "num_requests",
+    keys = ("date", "host", "base_url", "simulated", "model", "endpoint", "workload", "workload_opts", "num_requests",
             "prompts", "arrivals", "seed", "interrupted")
     lines = [f"- Command: `{meta.get('command', '')}`"]
     for k in keys:
@@ -139,12 +139,13 @@ def write_json(path: Path, obj: Any) -> None:
     path.write_text(json.dumps(_json_safe(obj), indent=2) + "\n", encoding="utf-8")
 
 
-def write_run(out: Path, results: Sequence[RequestResult], summary: dict[str, Any], meta: dict[str, Any]) -> None:
+def write_run(out: Path, results: Sequence[RequestResult], summary: dict[str, Any], meta: dict[str, Any],
+              title: str = "tokenmill bench serve") -> None:
     """results.json, report.md and latency_cdf.png for one run."""
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / "results.json", {"meta": meta, "summary": summary,
                                       "requests": [result_record(r) for r in results]})
-    title = "# tokenmill bench serve" + (" (interrupted)" if meta.get("interrupted") else "")
+    title = f"# {title}" + (" (interrupted)" if meta.get("interrupted") else "")
     text = "\n\n".join([title, meta_markdown(meta), summary_markdown(summary)])
     (out / "report.md").write_text(text + "\n", encoding="utf-8")
     save(latency_cdf_figure({"": results}, plot_title(meta, meta.get("arrivals") or ""), meta.get("slo") or {}),
@@ -174,11 +175,12 @@ def write_sweep(
     rows: Sequence[tuple[float | None, dict[str, Any]]],
     results: dict[str, Sequence[RequestResult]],
     meta: dict[str, Any],
+    title: str = "tokenmill bench serve",
 ) -> None:
     """sweep.json, report.md and sweep plots over all rates run so far."""
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / "sweep.json", {"meta": meta, "runs": [{"request_rate": r, "summary": s} for r, s in rows]})
-    title = "# tokenmill bench serve: sweep" + (" (interrupted)" if meta.get("interrupted") else "")
+    title = f"# {title}: sweep" + (" (interrupted)" if meta.get("interrupted") else "")
     plots = plot_sweep(out, rows, results, meta)
     sections = [title, meta_markdown(meta), sweep_markdown(rows, notes=False), plots_markdown(plots)]
     for rate, s in rows:

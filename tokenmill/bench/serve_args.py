@@ -12,15 +12,24 @@ from typing import Any
 from tokenmill.bench.workloads import WORKLOADS, BenchError
 
 
-def add_serve_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    p.add_argument("--base-url", default="http://127.0.0.1:8000", help="server root (default: %(default)s)")
-    p.add_argument("--model", help="model name to send (default: the first id from /v1/models)")
-    p.add_argument("--endpoint", choices=("completions", "chat"),
-                   help="/v1/completions or /v1/chat/completions (default: chat for --workload chat, "
-                   "else completions)")
+ENDPOINT_DEFAULTS = {"base_url": "http://127.0.0.1:8000", "model": None, "endpoint": None, "ignore_eos": True,
+                     "extra_body": None, "api_key": None, "timeout": 600.0}
+
+
+def add_serve_arguments(p: argparse.ArgumentParser, endpoint: bool = True) -> argparse.ArgumentParser:
+    """The workload, arrival, SLO, price and output flags; with `endpoint`, also the server's (the
+    simulator takes the rest without them: `tokenmill sim`)."""
+    if endpoint:
+        p.add_argument("--base-url", default=ENDPOINT_DEFAULTS["base_url"], help="server root (default: %(default)s)")
+        p.add_argument("--model", help="model name to send (default: the first id from /v1/models)")
+        p.add_argument("--endpoint", choices=("completions", "chat"),
+                       help="/v1/completions or /v1/chat/completions (default: chat for --workload chat, "
+                       "else completions)")
+    else:
+        p.set_defaults(**{k: v for k, v in ENDPOINT_DEFAULTS.items() if k != "model"})
     p.add_argument("--workload", default="random",
                    help=f"one of {', '.join(WORKLOADS)}, or a JSONL trace file with timestamp, "
-                   "input_len or text, output_len per line (default: %(default)s)")
+                   "input_len or text, output_len [, prefix_group, prefix_len] per line (default: %(default)s)")
     p.add_argument("--workload-opt", action="append", default=[], metavar="KEY=VALUE",
                    help="override a workload parameter, e.g. long_fraction=0.2 (repeatable)")
     p.add_argument("--input-len", type=int, help="shortcut for --workload-opt input_len=N")
@@ -46,12 +55,13 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--price-per-hour", type=float,
                    help="price of the serving machine per hour (USD), for cost (default: the server's "
                    "tokenmill:price_per_hour_usd from /metrics; without it, no cost)")
-    p.add_argument("--no-ignore-eos", dest="ignore_eos", action="store_false",
-                   help="do not send ignore_eos (for servers that reject unknown fields)")
-    p.add_argument("--extra-body", metavar="JSON", help="extra JSON fields merged into every request")
-    p.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY"),
-                   help="bearer token (default: $OPENAI_API_KEY)")
-    p.add_argument("--timeout", type=float, default=600.0, help="per-request timeout, s (default: %(default)s)")
+    if endpoint:
+        p.add_argument("--no-ignore-eos", dest="ignore_eos", action="store_false",
+                       help="do not send ignore_eos (for servers that reject unknown fields)")
+        p.add_argument("--extra-body", metavar="JSON", help="extra JSON fields merged into every request")
+        p.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY"),
+                       help="bearer token (default: $OPENAI_API_KEY)")
+        p.add_argument("--timeout", type=float, default=600.0, help="per-request timeout, s (default: %(default)s)")
     p.add_argument("--seed", type=int, default=0, help="workload and arrival seed (default: %(default)s)")
     p.add_argument("--out", help="output folder (default: out/bench/<date-time>)")
     p.add_argument("--disable-tqdm", action="store_true", help="no progress bar")

@@ -18,7 +18,8 @@ Synthetic workloads (name -> parameters dataclass, every field overridable with
 Each workload's default SLOs (for goodput) are in `tokenmill.bench.slos.DEFAULT_SLOS`.
 
 Any other workload name is read as a JSONL trace file: one object per line with ``timestamp``
-(seconds), ``input_len`` or ``text``, and ``output_len``.
+(seconds), ``input_len`` or ``text``, and ``output_len``; optionally ``prefix_group`` (a string or
+integer) with ``prefix_len``: lines of one group share their first ``prefix_len`` tokens.
 
 Prompt text is built from a Hugging Face tokenizer when one is given (token counts are then exact
 up to re-tokenisation at joins); otherwise from a fixed list of common English words that are one
@@ -339,7 +340,25 @@ def _trace_request(obj: Any, where: str, builder: PromptBuilder, rng: np.random.
     if "input_len" not in obj:
         raise BenchError(f"{where}: needs 'input_len' or 'text'")
     in_len = int(_number(obj, "input_len", where, integer=True))
+    if "prefix_group" in obj:
+        return _grouped_request(obj, where, builder, rng, in_len, out_len, float(ts))
     return BenchRequest(builder.text(in_len, rng), in_len, out_len, timestamp=float(ts))
+
+
+def _grouped_request(obj: dict, where: str, builder: PromptBuilder, rng: np.random.Generator, in_len: int,
+                     out_len: int, ts: float) -> BenchRequest:
+    """A trace line whose first `prefix_len` tokens are shared by every line of its `prefix_group`
+    (a system prompt, a document): the prefix text is drawn from the group's own seed."""
+    group = obj["prefix_group"]
+    if not isinstance(group, (str, int)) or isinstance(group, bool):
+        raise BenchError(f"{where}: field 'prefix_group' must be a string or an integer, got {group!r}")
+    prefix_len = int(_number(obj, "prefix_len", where, integer=True))
+    if prefix_len > in_len:
+        raise BenchError(f"{where}: prefix_len {prefix_len} exceeds input_len {in_len}")
+    group_id = zlib.crc32(str(group).encode("utf-8"))
+    prefix = PromptBuilder(builder.tokenizer).text(prefix_len, np.random.default_rng([7, group_id]))
+    text = prefix if prefix_len == in_len else prefix + " " + builder.text(in_len - prefix_len, rng)
+    return BenchRequest(text, in_len, out_len, timestamp=ts, group=group_id)
 
 
 def load_trace(path: Path, builder: PromptBuilder, seed: int = 0) -> list[BenchRequest]:
