@@ -2,6 +2,7 @@
 SamplingParams, handing requests to the engine, waiting for them, and usage."""
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from starlette.requests import Request
@@ -15,6 +16,8 @@ from tokenmill.server.protocol import ChatCompletionRequest, CompletionRequest
 from tokenmill.server.sse import sse_json
 from tokenmill.server.tokenization import PromptTokenizer
 
+logger = logging.getLogger("tokenmill.server")
+
 MAX_N = 128  # choices per request
 
 _SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
@@ -22,6 +25,8 @@ _SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "presence_penalty"
 
 
 class OpenAIServing:
+    log_prompts = False  # --log-prompts: otherwise no prompt text or ids ever reach the log
+
     def __init__(self, engine: AsyncLLMEngine, served_model_names: list[str], tokenizer: PromptTokenizer) -> None:
         self.engine = engine
         self.served_model_names = list(served_model_names)
@@ -61,6 +66,9 @@ class OpenAIServing:
 
     async def _add(self, requests: list[tuple[str, Any, SamplingParams]], arrival: float,
                    aliases: dict[str, str]) -> RequestStream:
+        if self.log_prompts:
+            for rid, prompt, params in requests:
+                logger.info("request %s: prompt %r, %s", rid, prompt, params)
         try:
             return await self.engine.add_requests(requests, arrival_time=arrival)
         except Exception as e:
