@@ -164,6 +164,13 @@ class AsyncLLMEngine:
     def next_request_id(self) -> str:
         return self.engine.next_request_id()
 
+    def table_sizes(self) -> tuple[int, int, int]:
+        """(KV blocks in use, requests in the engine's table, open output streams): all 0 when idle.
+        Read without the loop's lock (single int reads: a scrape may be one step stale)."""
+        core = getattr(self.engine, "core", None)
+        used = core.kv.pool.num_used_blocks if core is not None else 0
+        return used, self.engine.get_num_unfinished_requests(), len(self._streams)
+
     @property
     def is_running(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
