@@ -21,7 +21,7 @@ from tokenmill.server.app import build_app
 KEY = "fuzz-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 # per operation and generation mode; TOKENMILL_FUZZ_EXAMPLES=500 for a deep run (docs/RELIABILITY.md)
-EXAMPLES = int(os.environ.get("TOKENMILL_FUZZ_EXAMPLES") or 15)
+EXAMPLES = int(os.environ.get("TOKENMILL_FUZZ_EXAMPLES") or 10)
 
 
 def bounded(max_examples: int) -> settings:

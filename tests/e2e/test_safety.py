@@ -49,6 +49,9 @@ def _assert_error(r: httpx.Response, status: int, param=None, code=None, type_=N
     ("/v1/completions", b'{"prompt": [1, 2, 99999]}', 400, "prompt"),
     ("/v1/completions", b'{"prompt": ""}', 400, "prompt"),
     ("/v1/completions", b'{"prompt": "hi", "stream": true, "top_k": -5}', 400, "top_k"),  # streaming too
+    ("/v1/completions", json.dumps({"prompt": "hi", "stop": [f"s{i}" for i in range(65)]}).encode(), 400,
+     "stop"),  # each stop string costs every token of the step: capped
+    ("/v1/completions", json.dumps({"prompt": "hi", "stop_token_ids": [5] * 257}).encode(), 400, "stop_token_ids"),
     ("/v1/chat/completions", b'{"messages": []}', 400, "messages"),
     ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": 5}]}', 400, "messages"),
     ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "hi"}], "logprobs": true, '
