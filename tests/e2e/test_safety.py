@@ -103,6 +103,9 @@ def test_api_key_and_body_cap(strict_server):
     def chunked():
         yield json.dumps(big).encode()
     _assert_error(httpx.post(url + "/v1/completions", content=chunked(), headers=AUTH), 413)
+    # headers past the default 16 KiB cap: our 431 with an OpenAI body, not h11's plain 400
+    r = httpx.get(url + "/v1/models", headers={**AUTH, "X-Filler": "f" * 20000})
+    _assert_error(r, 431, code="request_header_fields_too_large")
 
 
 def _metrics(url: str) -> dict[str, float]:
