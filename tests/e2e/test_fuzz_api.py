@@ -54,6 +54,7 @@ def test_schemathesis_every_route(fuzz_server, with_key):
     schema = schemathesis.openapi.from_dict(fuzz_server.app.openapi())
     headers = AUTH if with_key else {}
     seen: dict[str, set[int]] = {}
+    counts: dict[int, int] = {}
     for result in schema.get_all_operations():
         op = result.ok()
         # a GET without parameters has no invalid form to generate
@@ -65,12 +66,15 @@ def test_schemathesis_every_route(fuzz_server, with_key):
                 r = case.call(base_url=fuzz_server.url, headers={**(case.headers or {}), **headers}, timeout=60)
                 where = f"{op.label} [{mode.value}] body={str(case.body)[:300]!r}"
                 seen.setdefault(op.label, set()).add(r.status_code)
+                counts[r.status_code] = counts.get(r.status_code, 0) + 1
                 if r.status_code >= 400:
                     _check_error_body(r.status_code, r.text, where)
                 if not with_key and op.path != "/health":
                     assert r.status_code == 401, where
 
             run()
+    print(f"\nschemathesis ({'key' if with_key else 'no key'}): {sum(counts.values())} requests, by status "
+          f"{dict(sorted(counts.items()))}")  # the figures of docs/RELIABILITY.md (pytest -s)
     assert {"POST /v1/completions", "POST /v1/chat/completions", "GET /health", "GET /metrics"} <= seen.keys()
     if with_key:  # the fuzzer got past validation at least once on the generating routes
         assert 200 in seen["POST /v1/completions"] | seen["POST /v1/chat/completions"], seen
@@ -102,6 +106,8 @@ def _field_body(data) -> dict:
 
 @pytest.mark.parametrize("endpoint", ["/v1/completions", "/v1/chat/completions"])
 def test_every_sampling_combination_runs_or_names_its_field(fuzz_server, endpoint):
+    counts: dict[int, int] = {}
+
     @bounded(3 * EXAMPLES)
     @given(data=st.data())
     def run(data):
@@ -115,6 +121,7 @@ def test_every_sampling_combination_runs_or_names_its_field(fuzz_server, endpoin
                 body["top_logprobs"] = body.pop("logprobs")
                 body["logprobs"] = body["top_logprobs"] is not None
         r = httpx.post(fuzz_server.url + endpoint, content=json.dumps(body), headers=AUTH, timeout=60)
+        counts[r.status_code] = counts.get(r.status_code, 0) + 1
         if r.status_code == 200:
             if body.get("stream"):
                 assert r.text.rstrip().endswith("data: [DONE]") and '"error"' not in r.text, r.text[-300:]
@@ -124,6 +131,7 @@ def test_every_sampling_combination_runs_or_names_its_field(fuzz_server, endpoin
         assert err["param"] in body, (body, err)  # the field at fault, and one the client sent
 
     run()
+    print(f"\nsampling property {endpoint}: {sum(counts.values())} requests, by status {dict(sorted(counts.items()))}")
 
 
 @given(st.fixed_dictionaries({}, optional={k: v for k, v in FIELDS.items() if k not in ("stream",)}))
