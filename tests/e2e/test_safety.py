@@ -53,6 +53,10 @@ def _assert_error(r: httpx.Response, status: int, param=None, code=None, type_=N
      "stop"),  # each stop string costs every token of the step: capped
     ("/v1/completions", json.dumps({"prompt": "hi", "stop_token_ids": [5] * 257}).encode(), 400, "stop_token_ids"),
     ("/v1/chat/completions", b'{"messages": []}', 400, "messages"),
+    # found by schemathesis: a non-list tool_calls reached the tool fallback (TypeError -> 500)
+    ("/v1/chat/completions", b'{"messages": [{"role": "", "tool_calls": true}]}', 400, "messages"),
+    ("/v1/chat/completions", b'{"messages": [{"role": "assistant", "tool_calls": [{"function": {}}]}]}', 400,
+     "messages"),
     ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": 5}]}', 400, "messages"),
     ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "hi"}], "logprobs": true, '
                              b'"top_logprobs": 50}', 400, "top_logprobs"),
