@@ -97,9 +97,11 @@ def test_a_dead_engine_loop_is_restarted(make_engine):
         def die():
             raise RuntimeError("simulated device failure")
         engine.step = die
+        t0 = time.monotonic()
         r = httpx.post(srv.url + "/v1/completions", json={"prompt": "hi", "max_tokens": 5}, timeout=30)
         assert r.status_code == 503 and r.json()["error"]["code"] == "engine_dead"
         _wait_health(srv.url, 200)
+        print(f"\nengine restart: healthy again {time.monotonic() - t0:.2f} s after the loop died")
         assert state.num_engine_restarts == 1 and state.engine.engine is not engine
         ok = httpx.post(srv.url + "/v1/completions", json=GOOD[0], timeout=60)
         assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 12

@@ -89,6 +89,7 @@ async def storm(srv: ServerProcess, requests: int, concurrency: int, max_tokens:
         reference = {p: await _text(c, p, max_tokens) for p in PROMPTS}
         row.rss_start_mb = round(srv.resources()["rss_mb"], 1)
         sem = asyncio.Semaphore(concurrency)
+        reasons: dict[str, int] = {}
 
         async def one(i: int) -> None:
             prompt = PROMPTS[i % len(PROMPTS)]
@@ -101,6 +102,7 @@ async def storm(srv: ServerProcess, requests: int, concurrency: int, max_tokens:
                     if r.status_code != 200:
                         row.server_errors += r.status_code >= 500
                         row.wrong += 1
+                        reasons[f"status {r.status_code}"] = reasons.get(f"status {r.status_code}", 0) + 1
                         return
                     async for line in r.aiter_lines():
                         if not line.startswith("data: {"):
@@ -118,13 +120,15 @@ async def storm(srv: ServerProcess, requests: int, concurrency: int, max_tokens:
                     row.completed += 1
                 else:
                     row.wrong += 1
+                    why = f"error {error.get('code')}" if error is not None else "text differs"
+                    reasons[why] = reasons.get(why, 0) + 1
 
         await asyncio.gather(*(one(i) for i in range(requests)))
         await _finish(row, srv, c)
     row.check(row.wrong == 0 and row.server_errors == 0, f"{row.wrong} wrong, {row.server_errors} 5xx")
     row.check(row.completed + row.dropped == requests, "some requests neither completed nor dropped")
     row.check(row.leaked_blocks == 0, f"{row.leaked_blocks} KV blocks leaked")
-    row.notes = {"concurrency": concurrency, "max_tokens": max_tokens}
+    row.notes = {"concurrency": concurrency, "max_tokens": max_tokens, "wrong_by_reason": reasons}
     return row
 
 
@@ -299,10 +303,14 @@ async def soak(srv: ServerProcess, duration: float, sample_interval: float, conc
 
 
 # -- the command ----------------------------------------------------------------------------------
-SERVER_DEFAULTS = {  # flags each run needs; anything after `--` is appended (and wins)
-    "storm": ["--max-num-seqs", "64", "--max-waiting-requests", "2048"],
+# Flags each run needs; anything after `--` is appended (and wins). Runs that compare greedy text
+# with each prompt's text alone use float32: bf16 GEMMs round differently with the batch's shape, so
+# a bf16 greedy text may legitimately change with what it is batched with (measured on SmolLM2:
+# 8 of 64 texts differed at 32 tokens in bf16, 0 in float32).
+SERVER_DEFAULTS = {
+    "storm": ["--dtype", "float32", "--max-num-seqs", "64", "--max-waiting-requests", "2048"],
     "overload": [],  # --max-num-seqs / --max-waiting-requests come from the run's own options
-    "pressure": ["--num-kv-blocks", "24", "--block-size", "16", "--max-model-len", "256", "--no-enable-prefix-caching"],
+    "pressure": ["--dtype", "float32", "--num-kv-blocks", "24", "--block-size", "16", "--max-model-len", "256", "--no-enable-prefix-caching"],
     "soak": ["--max-num-seqs", "16"],
 }
 
