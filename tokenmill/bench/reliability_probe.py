@@ -115,3 +115,22 @@ def linear_slope(xs: list[float], ys: list[float]) -> float:
     mx, my = sum(xs) / n, sum(ys) / n
     var = sum((x - mx) ** 2 for x in xs)
     return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / var if var else 0.0
+
+
+async def histogram_share_within(client: httpx.AsyncClient, name: str, bound: float) -> tuple[float, float]:
+    """(observations of histogram `name`, the share of them <= the smallest bucket edge >= bound),
+    as the server measured them: no client or network time in it."""
+    text = (await client.get("/metrics")).text
+    buckets: dict[float, float] = {}
+    for fam in text_string_to_metric_families(text):
+        if fam.name != name:
+            continue
+        for s in fam.samples:
+            if s.name.endswith("_bucket"):
+                le = float(s.labels["le"])
+                buckets[le] = buckets.get(le, 0.0) + s.value
+    if not buckets:
+        return 0.0, float("nan")
+    total = buckets[max(buckets)]
+    edge = min((le for le in buckets if le >= bound), default=max(buckets))
+    return total, (buckets[edge] / total if total else float("nan"))
