@@ -136,3 +136,39 @@ def test_executor_can_return_several_tokens_and_the_core_stops_mid_list():
     core.add_request(_req("a", max_tokens=10, stop_token_ids=[9]))
     result = core.step()
     assert result.outputs[0].new_token_ids == [5, 9] and result.outputs[0].finish_reason == FinishReason.STOP
+
+
+def test_a_request_step_error_ends_only_its_requests():
+    """The executor fails a step for one request: it ends with ERROR and its blocks are freed; the
+    others run the same tokens again and finish as if nothing happened. An error naming nobody
+    known is fatal (retrying would fail forever)."""
+    import pytest
+
+    from tokenmill.core.errors import RequestStepError
+
+    class Flaky(DryRunExecutor):
+        fail: list[str] | None = None
+
+        def execute(self, out):
+            if self.fail is not None:
+                bad, self.fail = self.fail, None
+                raise RequestStepError(bad, "boom")
+            return super().execute(out)
+
+    ex = Flaky(token_id=7)
+    core = _core(executor=ex)
+    for rid in ("a", "b"):
+        core.add_request(_req(rid, max_tokens=3))
+    core.step()  # prefill both
+    ex.fail = ["b"]
+    step = core.step()
+    assert [(o.request_id, o.finish_reason) for o in step.outputs] == [("b", FinishReason.ERROR)]
+    assert step.finished_requests[0].request_id == "b"
+    tokens = []
+    while core.has_unfinished_requests():
+        tokens += [t for o in core.step().outputs for t in o.new_token_ids]
+    assert tokens == [7, 7] and core.kv.pool.num_used_blocks == 0  # a's 2 remaining tokens, nothing leaked
+    core.add_request(_req("c"))
+    ex.fail = ["nobody"]
+    with pytest.raises(RuntimeError):
+        core.step()

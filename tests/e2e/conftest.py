@@ -20,7 +20,7 @@ def server_logs(tmp_path_factory) -> Path:
 def server_pool(request, tiny_llama, server_logs):
     """Every server the collected tests use, all started at once so their start-ups overlap:
     - server: tiny model, defaults, a chat template, names "tiny" and "tiny-alias";
-    - strict_server: --api-key sekret, --max-waiting-requests 2, --max-num-seqs 1, 4 KiB body cap, and
+    - strict_server: --api-key sekret (/metrics public), --max-waiting-requests 2, --max-num-seqs 1, 4 KiB body cap, and
       a slow step (SLOW_STEP_ENV) so a long request is still running while a test acts on it;
     - sigterm_server: --shutdown-timeout 0 (the SIGTERM test ends it), slow step too;
     - default_server: the real default model (SmolLM2-135M-Instruct), when installed."""
@@ -28,7 +28,7 @@ def server_pool(request, tiny_llama, server_logs):
     specs = {
         "server": [*common, "--served-model-name", "tiny", "tiny-alias"],
         "strict_server": [*common, "--served-model-name", "tiny", "--api-key", "sekret", "--max-waiting-requests",
-                          "2", "--max-num-seqs", "1", "--max-request-body-bytes", "4096"],
+                          "2", "--max-num-seqs", "1", "--max-request-body-bytes", "4096", "--public-metrics"],
         "sigterm_server": [*common, "--shutdown-timeout", "0"],  # abort what runs at once
     }
     envs = {"strict_server": SLOW_STEP_ENV, "sigterm_server": SLOW_STEP_ENV}
@@ -72,3 +72,13 @@ def default_server(server_pool) -> ServerProcess:
 def tiny_tokenizer(tiny_llama):
     from transformers import AutoTokenizer
     return AutoTokenizer.from_pretrained(str(tiny_llama))
+
+
+@pytest.fixture(scope="session")
+def make_engine(tiny_llama):
+    """A factory of fresh float32 LLMEngines on the tiny Llama (for in-process servers)."""
+    def make(**kwargs):
+        from tokenmill.engine.engine import LLMEngine
+        return LLMEngine(model=str(tiny_llama), **{"dtype": "float32", "kv_cache_memory_gb": 0.02,
+                                                   "num_threads": 1, **kwargs})
+    return make

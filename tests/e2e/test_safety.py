@@ -49,7 +49,14 @@ def _assert_error(r: httpx.Response, status: int, param=None, code=None, type_=N
     ("/v1/completions", b'{"prompt": [1, 2, 99999]}', 400, "prompt"),
     ("/v1/completions", b'{"prompt": ""}', 400, "prompt"),
     ("/v1/completions", b'{"prompt": "hi", "stream": true, "top_k": -5}', 400, "top_k"),  # streaming too
+    ("/v1/completions", json.dumps({"prompt": "hi", "stop": [f"s{i}" for i in range(65)]}).encode(), 400,
+     "stop"),  # each stop string costs every token of the step: capped
+    ("/v1/completions", json.dumps({"prompt": "hi", "stop_token_ids": [5] * 257}).encode(), 400, "stop_token_ids"),
     ("/v1/chat/completions", b'{"messages": []}', 400, "messages"),
+    # found by schemathesis: a non-list tool_calls reached the tool fallback (TypeError -> 500)
+    ("/v1/chat/completions", b'{"messages": [{"role": "", "tool_calls": true}]}', 400, "messages"),
+    ("/v1/chat/completions", b'{"messages": [{"role": "assistant", "tool_calls": [{"function": {}}]}]}', 400,
+     "messages"),
     ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": 5}]}', 400, "messages"),
     ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "hi"}], "logprobs": true, '
                              b'"top_logprobs": 50}', 400, "top_logprobs"),
@@ -100,6 +107,9 @@ def test_api_key_and_body_cap(strict_server):
     def chunked():
         yield json.dumps(big).encode()
     _assert_error(httpx.post(url + "/v1/completions", content=chunked(), headers=AUTH), 413)
+    # headers past the default 16 KiB cap: our 431 with an OpenAI body, not h11's plain 400
+    r = httpx.get(url + "/v1/models", headers={**AUTH, "X-Filler": "f" * 20000})
+    _assert_error(r, 431, code="request_header_fields_too_large")
 
 
 def _metrics(url: str) -> dict[str, float]:

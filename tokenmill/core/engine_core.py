@@ -11,15 +11,19 @@ frontend after detokenizing, which then calls `finish_requests`.
 """
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from typing import Protocol
 
+from tokenmill.core.errors import RequestStepError
 from tokenmill.core.kv_cache_manager import KVCacheManager, PrefixCacheStats
 from tokenmill.core.outputs import EngineCoreOutput, EngineCoreOutputs, IterationStats, ModelRunnerOutput
 from tokenmill.core.scheduler import Scheduler, SchedulerConfig, SchedulerStats
 from tokenmill.core.scheduler_output import SchedulerOutput
 from tokenmill.request import FinishReason, Request, SpecDecodingStats
+
+logger = logging.getLogger(__name__)
 
 
 class Executor(Protocol):
@@ -68,7 +72,10 @@ class EngineCore:
             return EngineCoreOutputs([], [], IterationStats.idle())
         num_prompt = self._num_prompt_tokens(sched)
         t1 = self.clock()
-        result = self.executor.execute(sched)
+        try:
+            result = self.executor.execute(sched)
+        except RequestStepError as e:
+            return self._fail_requests(e)
         t2 = self.clock()
         spec = SpecDecodingStats()
         num_rejected = self._verify_drafts(sched, result, spec)
@@ -82,6 +89,22 @@ class EngineCore:
                             num_accepted_tokens=spec.num_accepted_tokens,
                             accepted_per_position=spec.accepted_per_position, expert_load=result.expert_load)
         return EngineCoreOutputs(outputs, finished, it)
+
+    def _fail_requests(self, error: RequestStepError) -> EngineCoreOutputs:
+        """The executor failed these requests: end them (blocks freed now); the step's other
+        requests did not advance, so the next schedule() runs their tokens again."""
+        logger.error("the step failed for %s: %s; serving the others", ", ".join(error.request_ids), error)
+        outputs, finished = [], []
+        for rid in error.request_ids:
+            req = self.scheduler.requests.get(rid)
+            if req is None:
+                continue
+            self.scheduler.finish_request(req, FinishReason.ERROR)
+            finished.append(req)
+            outputs.append(EngineCoreOutput(rid, [], None, FinishReason.ERROR, None, req.num_cached_tokens, req.events))
+        if not outputs:  # it names nobody we know: retrying the step would fail the same way forever
+            raise RuntimeError(f"executor failed a step: {error}") from error
+        return EngineCoreOutputs(outputs, finished, IterationStats.idle())
 
     def _verify_drafts(self, sched: SchedulerOutput, result: ModelRunnerOutput,
                        step_stats: SpecDecodingStats) -> dict[str, int]:

@@ -10,6 +10,8 @@ Threads and ownership:
   (tokenmill/server/deltas.py) turns cumulative outputs into text / token-id / logprob deltas.
 - A stream that is closed before its requests finish (client disconnect, cancellation) aborts them,
   which frees their KV blocks on the next turn of the loop.
+- A request that fails inside the step (FinishReason.ERROR: the executor raised RequestStepError for
+  it) ends its stream with `RequestFailedError`; the other requests keep running.
 - If the engine raises, the engine is declared dead: every open stream and every pending add gets
   `EngineDeadError` (never a hang) and `is_healthy` turns False. When the loop stops (dead or shut
   down) it sets `_closed` under the Condition; an add submitted after that fails at once.
@@ -28,8 +30,8 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from tokenmill.engine.errors import EngineDeadError, EngineShutdownError, QueueFullError
-from tokenmill.request import RequestOutput
+from tokenmill.engine.errors import EngineDeadError, EngineShutdownError, QueueFullError, RequestFailedError
+from tokenmill.request import FinishReason, RequestOutput
 from tokenmill.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -133,6 +135,7 @@ class AsyncLLMEngine:
         self._step_delay_s = float(os.environ.get(STEP_DELAY_ENV) or 0.0)
         self._draining = False
         self.dead_error: BaseException | None = None
+        self.on_dead: Callable[[], None] | None = None  # called from the loop thread once it has died
         self._thread: threading.Thread | None = None
         if start:
             self.start()
@@ -160,6 +163,13 @@ class AsyncLLMEngine:
 
     def next_request_id(self) -> str:
         return self.engine.next_request_id()
+
+    def table_sizes(self) -> tuple[int, int, int]:
+        """(KV blocks in use, requests in the engine's table, open output streams): all 0 when idle.
+        Read without the loop's lock (single int reads: a scrape may be one step stale)."""
+        core = getattr(self.engine, "core", None)
+        used = core.kv.pool.num_used_blocks if core is not None else 0
+        return used, self.engine.get_num_unfinished_requests(), len(self._streams)
 
     @property
     def is_running(self) -> bool:
@@ -287,6 +297,8 @@ class AsyncLLMEngine:
             logger.exception("engine loop died")
             self.dead_error = e
             self._fail_everything(EngineDeadError(f"the engine loop has died: {e!r}"))
+            if self.on_dead is not None:
+                self.on_dead()
             return
         self._fail_everything(EngineShutdownError("the server is shutting down"))
 
@@ -341,6 +353,8 @@ class AsyncLLMEngine:
                 continue
             if out.finished:
                 del self._streams[out.request_id]
+                if any(c.finish_reason == FinishReason.ERROR.value for c in out.outputs):
+                    out = RequestFailedError(out.request_id)  # the stream raises it (and aborts its others)
             batches[stream.loop].append((stream, out))
         for loop, items in batches.items():
             _call(loop, _deliver_all, items)

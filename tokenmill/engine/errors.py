@@ -16,3 +16,11 @@ class QueueFullError(RuntimeError):
     def __init__(self, message: str, retry_after: int = 1) -> None:
         super().__init__(message)
         self.retry_after = retry_after
+
+
+class RequestFailedError(RuntimeError):
+    """One request failed inside the engine (FinishReason.ERROR); the engine serves the others."""
+
+    def __init__(self, request_id: str) -> None:
+        super().__init__(f"request {request_id} failed inside the engine step")
+        self.request_id = request_id

@@ -75,6 +75,10 @@ class PrometheusStatLogger:
         def counter(name, doc):
             return Counter(PREFIX + name, doc, labels, registry=reg).labels(model_name)
 
+        # read at scrape time (observe_tables): what leak checks compare with their idle values
+        self.used_blocks = gauge("kv_cache_used_blocks", "KV blocks held by requests (idle: 0).")
+        self.engine_requests = gauge("engine_requests", "Requests in the engine's table, unfinished (idle: 0).")
+        self.open_streams = gauge("engine_open_streams", "Requests with an open output stream (idle: 0).")
         self.ttft = hist("time_to_first_token_seconds", "Time from arrival to the first output token.",
                          TTFT_BUCKETS)
         self.tpot = hist("time_per_output_token_seconds",
@@ -195,6 +199,11 @@ class PrometheusStatLogger:
             self.itl.observe(gap)
         self.req_prompt.observe(t.num_prompt_tokens)
         self.req_gen.observe(t.num_output_tokens)
+
+    def observe_tables(self, used_blocks: int, engine_requests: int, open_streams: int) -> None:
+        self.used_blocks.set(used_blocks)
+        self.engine_requests.set(engine_requests)
+        self.open_streams.set(open_streams)
 
     # -- exposition ------------------------------------------------------------------------------
     def exposition(self) -> bytes:

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from fastapi import FastAPI
+from starlette.middleware.cors import CORSMiddleware
 from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -26,6 +27,7 @@ from tokenmill.metrics.prometheus import CONTENT_TYPE
 from tokenmill.server import cli_args
 from tokenmill.server.errors import add_exception_handlers, validation_error
 from tokenmill.server.middleware import GuardMiddleware
+from tokenmill.server.openapi import install_openapi, json_body
 from tokenmill.server.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 from tokenmill.server.state import ServerState
 
@@ -40,18 +42,28 @@ def build_app(engine_client: EngineSource, *,
               price_per_hour: float = cli_args.DEFAULT_PRICE_PER_HOUR,
               max_request_body_bytes: int = cli_args.DEFAULT_MAX_REQUEST_BODY_BYTES,
               chat_template: str | None = None,
-              shutdown_timeout: float = cli_args.DEFAULT_SHUTDOWN_TIMEOUT_S, log_stats: bool = True) -> FastAPI:
+              shutdown_timeout: float = cli_args.DEFAULT_SHUTDOWN_TIMEOUT_S, log_stats: bool = True,
+              max_request_header_bytes: int = cli_args.DEFAULT_MAX_REQUEST_HEADER_BYTES,
+              public_metrics: bool = False, allowed_origins: list[str] | None = None,
+              log_prompts: bool = False,
+              max_engine_restarts: int = cli_args.DEFAULT_MAX_ENGINE_RESTARTS) -> FastAPI:
     """The app over an engine: an AsyncLLMEngine, an LLMEngine (wrapped here), or a zero-argument
     callable that builds an LLMEngine; the callable runs in a background thread at startup while
     /health answers 503 "loading"."""
     state = ServerState(served_model_names, api_key, max_waiting_requests, price_per_hour, max_request_body_bytes,
-                        chat_template, shutdown_timeout, log_stats)
+                        chat_template, shutdown_timeout, log_stats, max_request_header_bytes, public_metrics,
+                        log_prompts, max_engine_restarts)
     app = FastAPI(title="tokenmill", summary="OpenAI-compatible LLM server",
                   lifespan=_lifespan(state, engine_client, max_waiting_requests))
     app.state.tokenmill = state
     app.add_middleware(GuardMiddleware, state=state)
+    if allowed_origins:  # outermost: a browser's preflight (no credentials) is answered before the key check
+        app.add_middleware(CORSMiddleware, allow_origins=list(allowed_origins), allow_methods=["GET", "POST"],
+                           allow_headers=["Authorization", "Content-Type", "X-Request-Id"],
+                           expose_headers=["X-Request-Id", "Retry-After"])
     add_exception_handlers(app)
     _add_routes(app, state)
+    install_openapi(app, [CompletionRequest, ChatCompletionRequest, TokenizeRequest, DetokenizeRequest])
     return app
 
 
@@ -65,8 +77,12 @@ def _lifespan(state: ServerState, engine_client: EngineSource, max_waiting_reque
     async def lifespan(app: FastAPI):
         loop = asyncio.get_running_loop()
         if isinstance(engine_client, AsyncLLMEngine) or hasattr(engine_client, "step"):
-            state.attach(wrap(engine_client))
+            first = wrap(engine_client)
+            state.engine_factory = lambda: wrap(_fresh_like(first.engine))
+            state.attach(first)
         else:
+            state.engine_factory = lambda: wrap(engine_client())
+
             def load() -> None:
                 try:
                     engine = wrap(engine_client())
@@ -85,6 +101,11 @@ def _lifespan(state: ServerState, engine_client: EngineSource, max_waiting_reque
             await asyncio.to_thread(state.close)
 
     return lifespan
+
+
+def _fresh_like(engine):
+    """A new engine with the configuration of `engine` (what a restart builds)."""
+    return type(engine)(engine.engine_config)
 
 
 def _call_soon(loop: asyncio.AbstractEventLoop, fn: Callable, *args) -> None:
@@ -106,22 +127,22 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
         except ValidationError as e:
             raise validation_error(e) from None
 
-    @app.post("/v1/completions")
+    @app.post("/v1/completions", openapi_extra=json_body(CompletionRequest))
     async def completions(request: Request):
         req, arrival = await parse(request, CompletionRequest)
         return await state.completion.create_completion(req, request, arrival)
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", openapi_extra=json_body(ChatCompletionRequest))
     async def chat_completions(request: Request):
         req, arrival = await parse(request, ChatCompletionRequest)
         return await state.chat.create_chat_completion(req, request, arrival)
 
-    @app.post("/tokenize")
+    @app.post("/tokenize", openapi_extra=json_body(TokenizeRequest))
     async def tokenize(request: Request):
         req, _ = await parse(request, TokenizeRequest)
         return await state.tokenization.tokenize(req)
 
-    @app.post("/detokenize")
+    @app.post("/detokenize", openapi_extra=json_body(DetokenizeRequest))
     async def detokenize(request: Request):
         req, _ = await parse(request, DetokenizeRequest)
         return await state.tokenization.detokenize(req)
@@ -144,6 +165,8 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
 
     @app.get("/metrics")
     async def metrics():
+        if state.stat_logger is not None and state.engine is not None:
+            state.stat_logger.observe_tables(*state.engine.table_sizes())
         data = state.stat_logger.exposition() if state.stat_logger is not None else b""
         return Response(data, media_type=CONTENT_TYPE)
 

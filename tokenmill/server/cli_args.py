@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
 from tokenmill.config import EngineConfig
@@ -15,7 +16,10 @@ DEFAULT_MAX_WAITING_REQUESTS = 256
 # tokenmill:cost_per_million_output_tokens_usd.
 DEFAULT_PRICE_PER_HOUR = 1.0
 DEFAULT_MAX_REQUEST_BODY_BYTES = 1 << 20  # 1 MiB: ~100k tokens of text or token ids per request
+DEFAULT_MAX_REQUEST_HEADER_BYTES = 16 << 10  # 16 KiB of request line + headers, h11's own default
+API_KEY_ENV = "TOKENMILL_API_KEY"  # the --api-key default (keeps the key out of `ps`)
 DEFAULT_SHUTDOWN_TIMEOUT_S = 10.0
+DEFAULT_MAX_ENGINE_RESTARTS = 3
 
 def _port(text: str) -> int:
     value = int(text)
@@ -31,8 +35,17 @@ def add_serve_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                      help="address to bind (default: %(default)s, loopback only; use 0.0.0.0 deliberately, "
                           "with --api-key)")
     srv.add_argument("--port", type=_port, default=DEFAULT_PORT, help="port (default: %(default)s)")
-    srv.add_argument("--api-key", default=None,
-                     help="require 'Authorization: Bearer KEY' on every /v1 route (default: no auth)")
+    srv.add_argument("--api-key", default=os.environ.get(API_KEY_ENV) or None,
+                     help=f"require 'Authorization: Bearer KEY' on every route but /health (and /metrics with "
+                          f"--public-metrics); default: ${API_KEY_ENV}, else no auth")
+    srv.add_argument("--public-metrics", action="store_true",
+                     help="serve /metrics without the API key (for a scraper on a trusted network)")
+    srv.add_argument("--allowed-origins", nargs="+", default=None, metavar="ORIGIN",
+                     help="origins browsers may call the API from (CORS), e.g. https://app.example.com; "
+                          "default: none (CORS off)")
+    srv.add_argument("--log-prompts", action="store_true",
+                     help="log each request's prompt and sampling parameters (default: prompts never reach "
+                          "the log)")
     srv.add_argument("--served-model-name", nargs="+", default=None,
                      help="model name(s) the API answers to; the first one is reported in responses "
                           "(default: the model folder's name, or SmolLM2-135M-Instruct)")
@@ -43,6 +56,8 @@ def add_serve_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                           "Retry-After (default: %(default)s)")
     srv.add_argument("--max-request-body-bytes", type=positive_int, default=DEFAULT_MAX_REQUEST_BODY_BYTES,
                      help="larger request bodies get 413 (default: %(default)s)")
+    srv.add_argument("--max-request-header-bytes", type=positive_int, default=DEFAULT_MAX_REQUEST_HEADER_BYTES,
+                     help="a request line plus headers larger than this gets 431 (default: %(default)s)")
     srv.add_argument("--price-per-hour", type=non_negative_float, default=DEFAULT_PRICE_PER_HOUR,
                      help="USD per hour of the device serving, used for "
                           "tokenmill:cost_per_million_output_tokens_usd = price_per_hour / 3600 * busy_s / "
@@ -51,6 +66,9 @@ def add_serve_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     srv.add_argument("--shutdown-timeout", type=non_negative_float, default=DEFAULT_SHUTDOWN_TIMEOUT_S,
                      help="on SIGTERM, seconds in-flight requests may take to finish before they are "
                           "aborted (default: %(default)s)")
+    srv.add_argument("--max-engine-restarts", type=int, default=DEFAULT_MAX_ENGINE_RESTARTS,
+                     help="if the engine loop dies, fail its in-flight requests (503 engine_dead) and build a fresh "
+                          "engine, at most this many times; then /health stays 503 (default: %(default)s)")
     srv.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"),
                      help="server log level (default: %(default)s)")
     srv.add_argument("--disable-access-log", action="store_true", help="do not log every HTTP request")

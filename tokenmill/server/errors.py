@@ -16,7 +16,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.types import Send
 
-from tokenmill.engine.errors import EngineDeadError, EngineShutdownError, QueueFullError
+from tokenmill.engine.errors import EngineDeadError, EngineShutdownError, QueueFullError, RequestFailedError
 from tokenmill.server.protocol import error_body
 
 logger = logging.getLogger("tokenmill.server")
@@ -62,8 +62,12 @@ def engine_error(e: BaseException, aliases: dict[str, str] | None = None) -> API
     if isinstance(e, QueueFullError):
         return APIError(429, str(e), "rate_limit_error", None, "rate_limit_exceeded",
                         {"Retry-After": str(e.retry_after)})
-    if isinstance(e, EngineDeadError):
-        return APIError(503, str(e), "service_unavailable", None, "engine_dead")
+    if isinstance(e, EngineDeadError):  # its message holds the loop's exception: for the log only
+        return APIError(503, "the engine loop has died (details in the server log)", "service_unavailable", None,
+                        "engine_dead")
+    if isinstance(e, RequestFailedError):
+        return APIError(500, f"request {e.request_id} failed inside the model step; other requests are unaffected "
+                             "(details in the server log)", "server_error", None, "request_failed")
     if isinstance(e, EngineShutdownError):
         return APIError(503, str(e), "service_unavailable", None, "shutting_down")
     if isinstance(e, ValueError):
@@ -71,8 +75,10 @@ def engine_error(e: BaseException, aliases: dict[str, str] | None = None) -> API
         param = (aliases or {}).get(param, param) if param else param_of(str(e), aliases)
         code = "context_length_exceeded" if "maximum context length" in str(e) else None
         return APIError(400, str(e), param=param, code=code)
-    logger.exception("unexpected engine error", exc_info=e)
-    return APIError(500, f"internal error: {type(e).__name__}: {e}", "server_error")
+    logger.error("unexpected engine error", exc_info=e)
+    # never the message or traceback: they may name files or quote the request
+    return APIError(500, f"internal error ({type(e).__name__}); details in the server log", "server_error",
+                    None, "internal_error")
 
 
 def validation_error(e: ValidationError | RequestValidationError) -> APIError:
@@ -119,4 +125,5 @@ def add_exception_handlers(app: FastAPI) -> None:
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, e: Exception):  # last resort: still an OpenAI body
         logger.exception("unexpected error on %s", request.url.path)
-        return JSONResponse(error_body(f"internal error: {type(e).__name__}", "server_error"), status_code=500)
+        return JSONResponse(error_body(f"internal error ({type(e).__name__}); details in the server log",
+                                       "server_error", None, "internal_error"), status_code=500)

@@ -2,8 +2,10 @@
 
     python -m tokenmill.server [MODEL] --host 127.0.0.1 --port 8000 [--api-key KEY] [engine flags]
 
-Safe defaults: loopback only; with --api-key every /v1 route needs `Authorization: Bearer KEY`
-(401); bodies over --max-request-body-bytes get 413; more than --max-waiting-requests waiting
+Safe defaults: loopback only; with --api-key (or $TOKENMILL_API_KEY) every route but /health (and
+/metrics with --public-metrics) needs `Authorization: Bearer KEY` (401); bodies over
+--max-request-body-bytes get 413, headers over --max-request-header-bytes 431; CORS only for
+--allowed-origins; prompts are logged only with --log-prompts; more than --max-waiting-requests waiting
 requests get 429 with Retry-After; X-Request-Id is echoed (one is made up when absent). On SIGTERM
 the server stops admitting (503), lets in-flight requests finish for --shutdown-timeout seconds,
 aborts the rest with a final error message, and exits 0.
@@ -81,12 +83,17 @@ def run_server(args: argparse.Namespace) -> int:
                     max_waiting_requests=args.max_waiting_requests, price_per_hour=args.price_per_hour,
                     max_request_body_bytes=args.max_request_body_bytes, chat_template=chat_template,
                     shutdown_timeout=args.shutdown_timeout,
-                    log_stats=not getattr(args, "disable_log_stats", False))
+                    log_stats=not getattr(args, "disable_log_stats", False),
+                    max_request_header_bytes=args.max_request_header_bytes, public_metrics=args.public_metrics,
+                    allowed_origins=args.allowed_origins, log_prompts=args.log_prompts,
+                    max_engine_restarts=args.max_engine_restarts)
     state: ServerState = app.state.tokenmill
     uv_config = uvicorn.Config(app, host=args.host, port=args.port, log_level=level, lifespan="on",
                                log_config=tm_logger.uvicorn_log_config(level),
                                access_log=not getattr(args, "disable_access_log", False),
-                               timeout_graceful_shutdown=args.shutdown_timeout + 5.0)
+                               timeout_graceful_shutdown=args.shutdown_timeout + 5.0,
+                               # h11 answers a plain 400 past its own limit: keep it well above ours (431)
+                               h11_max_incomplete_event_size=max(4 * args.max_request_header_bytes, 256 << 10))
     server = _Server(uv_config, _drain_on_signal(state))
     state.on_fatal = lambda: setattr(server, "should_exit", True)
     try:

@@ -1,10 +1,12 @@
-"""GuardMiddleware: request id echo, API key on /v1, the draining 503 and the request-body cap (413).
+"""GuardMiddleware: request id echo, the header cap (431), the API key (every route but /health, and
+/metrics with public_metrics), the draining 503 on /v1 and the request-body cap (413).
 
 Pure ASGI rather than Starlette's BaseHTTPMiddleware: it never buffers responses, so SSE streams
 pass straight through.
 """
 from __future__ import annotations
 
+import hashlib
 import hmac
 import uuid
 
@@ -14,6 +16,7 @@ from tokenmill.server.errors import APIError, send_error
 from tokenmill.server.state import ServerState
 
 _BODY_METHODS = {"POST", "PUT", "PATCH"}
+_OPEN_PATHS = frozenset({"/health"})
 
 
 class GuardMiddleware:
@@ -25,28 +28,39 @@ class GuardMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        headers = {k.lower(): v for k, v in scope.get("headers", [])}
+        raw_headers = scope.get("headers", [])
+        if _header_bytes(scope, raw_headers) > self.state.max_request_header_bytes:
+            cap = self.state.max_request_header_bytes
+            await send_error(send, APIError(431, f"request line and headers exceed {cap} bytes",
+                                            code="request_header_fields_too_large"), close=True)
+            return
+        headers = {k.lower(): v for k, v in raw_headers}
         rid = headers.get(b"x-request-id") or uuid.uuid4().hex.encode()
+        if len(rid) > 128 or not rid.isascii():
+            rid = uuid.uuid4().hex.encode()  # never echo an arbitrary blob back
         scope.setdefault("state", {})["request_id"] = rid.decode("latin-1")
         send = _with_request_id(send, rid)
-        if scope["path"].startswith("/v1"):
-            err = self._refusal(headers)
-            if err is not None:
-                await send_error(send, err)
-                return
+        err = self._refusal(scope["path"], headers)
+        if err is not None:
+            await send_error(send, err)
+            return
         if scope.get("method") in _BODY_METHODS:
             await self._with_capped_body(scope, receive, send, headers.get(b"content-length"))
             return
         await self.app(scope, receive, send)
 
-    def _refusal(self, headers: dict[bytes, bytes]) -> APIError | None:
+    def _refusal(self, path: str, headers: dict[bytes, bytes]) -> APIError | None:
         st = self.state
-        if st.api_key is not None and not _authorized(headers.get(b"authorization"), st.api_key):
+        if st.api_key is not None and not self._open(path) and not _authorized(headers.get(b"authorization"),
+                                                                              st.api_key):
             return APIError(401, "invalid or missing API key (send 'Authorization: Bearer KEY')",
                             "invalid_request_error", None, "invalid_api_key", {"WWW-Authenticate": "Bearer"})
-        if st.draining:
+        if st.draining and path.startswith("/v1"):
             return st.unavailable()
         return None
+
+    def _open(self, path: str) -> bool:
+        return path in _OPEN_PATHS or (self.state.public_metrics and path == "/metrics")
 
     async def _with_capped_body(self, scope: Scope, receive: Receive, send: Send, length: bytes | None) -> None:
         """Read the whole body (413 past the cap), then run the app with it replayed."""
@@ -93,8 +107,17 @@ def _with_request_id(send: Send, rid: bytes) -> Send:
     return send_with_id
 
 
+def _header_bytes(scope: Scope, headers: list[tuple[bytes, bytes]]) -> int:
+    """The request line and headers as they came on the wire (about: ': ' and CRLF per header)."""
+    line = len(scope.get("raw_path") or b"") + len(scope.get("query_string") or b"") + 16
+    return line + sum(len(k) + len(v) + 4 for k, v in headers)
+
+
 def _authorized(header: bytes | None, key: str) -> bool:
+    """Constant time in the key: both sides are hashed first, so neither the content nor the
+    length of the key can be learnt from the time a refusal takes."""
     if not header:
         return False
-    expected = f"Bearer {key}".encode()
-    return hmac.compare_digest(header.strip(), expected)
+    given = hashlib.sha256(header.strip()).digest()
+    expected = hashlib.sha256(f"Bearer {key}".encode()).digest()
+    return hmac.compare_digest(given, expected)

@@ -68,11 +68,28 @@ class ContentPart(_Base):
     text: str | None = None
 
 
+class ToolCallFunction(_Base):
+    model_config = ConfigDict(strict=True, extra="allow")
+    name: str
+    arguments: str | dict[str, Any] | None = None
+
+
+class ToolCall(_Base):
+    """A call in an assistant message's `tool_calls` (typed: the chat template and the tool
+    fallback index into it)."""
+    model_config = ConfigDict(strict=True, extra="allow")
+    id: str | None = None
+    type: str = "function"
+    function: ToolCallFunction
+
+
 class ChatMessage(_Base):
     model_config = ConfigDict(strict=True, extra="allow")
     role: str
     content: str | list[ContentPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
 
 
 class ChatCompletionRequest(_SamplingFields):

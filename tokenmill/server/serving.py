@@ -2,6 +2,7 @@
 SamplingParams, handing requests to the engine, waiting for them, and usage."""
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from starlette.requests import Request
@@ -15,13 +16,21 @@ from tokenmill.server.protocol import ChatCompletionRequest, CompletionRequest
 from tokenmill.server.sse import sse_json
 from tokenmill.server.tokenization import PromptTokenizer
 
+logger = logging.getLogger("tokenmill.server")
+
 MAX_N = 128  # choices per request
+# Stop checks run on every new token of the request, inside the step every request waits for:
+# without a cap, one body of 60k stop strings made a 200-token request 17x slower (and the batch).
+MAX_STOP_STRINGS = 64  # OpenAI allows 4
+MAX_STOP_TOKEN_IDS = 256
 
 _SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
                     "repetition_penalty", "seed")
 
 
 class OpenAIServing:
+    log_prompts = False  # --log-prompts: otherwise no prompt text or ids ever reach the log
+
     def __init__(self, engine: AsyncLLMEngine, served_model_names: list[str], tokenizer: PromptTokenizer) -> None:
         self.engine = engine
         self.served_model_names = list(served_model_names)
@@ -43,6 +52,11 @@ class OpenAIServing:
             raise APIError(400, f"n must be an integer in [1, {MAX_N}], got {req.n}", param="n")
         if req.logit_bias:
             raise APIError(400, "logit_bias is not supported", param="logit_bias")
+        if isinstance(req.stop, list) and len(req.stop) > MAX_STOP_STRINGS:
+            raise APIError(400, f"stop: at most {MAX_STOP_STRINGS} strings, got {len(req.stop)}", param="stop")
+        if req.stop_token_ids and len(req.stop_token_ids) > MAX_STOP_TOKEN_IDS:
+            raise APIError(400, f"stop_token_ids: at most {MAX_STOP_TOKEN_IDS} ids, got {len(req.stop_token_ids)}",
+                           param="stop_token_ids")
 
     @staticmethod
     def _sampling_params(req: CompletionRequest | ChatCompletionRequest, max_tokens: int | None,
@@ -61,6 +75,9 @@ class OpenAIServing:
 
     async def _add(self, requests: list[tuple[str, Any, SamplingParams]], arrival: float,
                    aliases: dict[str, str]) -> RequestStream:
+        if self.log_prompts:
+            for rid, prompt, params in requests:
+                logger.info("request %s: prompt %r, %s", rid, prompt, params)
         try:
             return await self.engine.add_requests(requests, arrival_time=arrival)
         except Exception as e:

@@ -3,6 +3,7 @@ SchedulerOutput into one flat batch, runs the model, samples."""
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -10,6 +11,7 @@ import torch
 
 from tokenmill.attention import BatchLayout, get_attention_backend
 from tokenmill.config import TokenmillConfig
+from tokenmill.core.errors import RequestStepError
 from tokenmill.core.outputs import ModelRunnerOutput
 from tokenmill.core.scheduler_output import NewRequestData, SchedulerOutput
 from tokenmill.engine.resolve import TORCH_DTYPES
@@ -27,6 +29,10 @@ from tokenmill.worker.sampler import Sampler
 from tokenmill.worker.threads import ThreadController
 
 logger = logging.getLogger(__name__)
+
+# Test-only fault injection (off unless set): a step that schedules a request whose prompt holds
+# this token id raises RequestStepError for it, as a per-request failure inside the model would.
+FAULT_TOKEN_ENV = "TOKENMILL_TEST_FAULT_TOKEN"
 
 
 @dataclass
@@ -87,6 +93,10 @@ class ModelRunner:
         self.structured = StructuredDecoding(str(model.tokenizer), model.arch.vocab_size)
         self.requests: dict[str, RunnerRequest] = {}
         self.spec = config.speculative
+        self.fault_token = int(os.environ[FAULT_TOKEN_ENV]) if os.environ.get(FAULT_TOKEN_ENV) else None
+        if self.fault_token is not None:
+            logger.warning("TEST HOOK %s=%d: requests whose prompt holds this token fail in the model step",
+                           FAULT_TOKEN_ENV, self.fault_token)
         self.proposer = None
         if self.spec is not None:
             self.proposer = make_proposer(self.spec, Target(
@@ -108,6 +118,8 @@ class ModelRunner:
         self._update_states(out)
         if out.is_empty:
             return ModelRunnerOutput([], [])
+        if self.fault_token is not None:
+            self._inject_fault(out)
         self.threads.before_step()
         input_ids, positions, layout, sample_idx, samples = self._layout(out)
         meta = self.backend.build_metadata(layout)
@@ -135,6 +147,11 @@ class ModelRunner:
         load = {m.layer: m.take_load().tolist() for m in self.moe_layers}
         self.expert_load.add(load)
         return load
+
+    def _inject_fault(self, out: SchedulerOutput) -> None:
+        bad = [rid for rid in out.num_scheduled_tokens if self.fault_token in self.requests[rid].prompt_token_ids]
+        if bad:
+            raise RequestStepError(bad, f"injected fault ({FAULT_TOKEN_ENV}) for {', '.join(bad)}")
 
     def _sample(self, logits: torch.Tensor, samples: list[tuple[RunnerRequest, list[int]]]):
         """Plain rows through the sampler, rows with drafts through verification; logits hold each
