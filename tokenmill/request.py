@@ -173,3 +173,5 @@ class RequestOutput:
     num_cached_tokens: int = 0
     metrics: RequestMetrics | None = None
     error: str | None = None
+    # with SamplingParams.prompt_logprobs: None for the first prompt token, then one entry per token
+    prompt_logprobs: list[dict[int, Logprob] | None] | None = None

@@ -5,6 +5,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
+MAX_LOGPROBS = 20  # top alternatives per token, for logprobs and prompt_logprobs (vLLM's default cap)
+
+
 @dataclass
 class StructuredOutputsParams:
     """A constraint on the output (vLLM's names): exactly one of json (a JSON schema, dict or
@@ -50,6 +53,7 @@ class SamplingParams:
     max_tokens: int | None = 16
     min_tokens: int = 0
     logprobs: int | None = None  # number of top alternatives per token (0: only the chosen one)
+    prompt_logprobs: int | None = None  # the same for every prompt token after the first (vLLM)
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     structured_outputs: StructuredOutputsParams | None = None
@@ -75,7 +79,11 @@ class SamplingParams:
         _check(self.min_tokens >= 0, "min_tokens", self.min_tokens, "an integer >= 0")
         _check(self.max_tokens is None or self.min_tokens <= self.max_tokens, "min_tokens", self.min_tokens,
                "<= max_tokens")
-        _check(self.logprobs is None or 0 <= self.logprobs <= 20, "logprobs", self.logprobs, "0..20 or None")
+        _check(self.logprobs is None or _is_int(self.logprobs) and 0 <= self.logprobs <= MAX_LOGPROBS, "logprobs",
+               self.logprobs, f"an integer in 0..{MAX_LOGPROBS} or None")
+        _check(self.prompt_logprobs is None or _is_int(self.prompt_logprobs)
+               and 0 <= self.prompt_logprobs <= MAX_LOGPROBS, "prompt_logprobs", self.prompt_logprobs,
+               f"an integer in 0..{MAX_LOGPROBS} (top alternatives per prompt token) or None")
         _check(all(isinstance(s, str) and s for s in self.stop_list), "stop", self.stop, "non-empty strings")
         _check(self.structured_outputs is None or isinstance(self.structured_outputs, StructuredOutputsParams),
                "structured_outputs", self.structured_outputs, "a StructuredOutputsParams or None")
@@ -93,6 +101,10 @@ class SamplingParams:
     def uses_penalties(self) -> bool:
         return (self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
                 or self.repetition_penalty != 1.0)
+
+
+def _is_int(x: object) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
 
 
 def _check(ok: bool, name: str, value: object, allowed: str) -> None:

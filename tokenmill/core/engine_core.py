@@ -129,6 +129,7 @@ class EngineCore:
 
     def _append_sampled(self, result: ModelRunnerOutput, now: float) -> tuple[list[EngineCoreOutput], list[Request]]:
         outputs, finished = [], []
+        prompt_lps = dict(result.prompt_logprobs or {})
         for i, rid in enumerate(result.req_ids):
             req = self.scheduler.requests[rid]
             new_tokens: list[int] = []
@@ -146,7 +147,14 @@ class EngineCore:
             lps = result.logprobs[i] if result.logprobs is not None else None
             outputs.append(EngineCoreOutput(rid, new_tokens, lps[:len(new_tokens)] if lps is not None else None,
                                             req.finish_reason, req.stop_reason, req.num_cached_tokens, req.events,
-                                            req.spec_stats if req.spec_stats.num_drafts else None))
+                                            req.spec_stats if req.spec_stats.num_drafts else None,
+                                            prompt_lps.pop(rid, None)))
+        for rid, plp in prompt_lps.items():  # a prompt chunk that did not sample yet
+            req = self.scheduler.requests.get(rid)
+            if req is None:
+                continue
+            outputs.append(EngineCoreOutput(rid, [], None, None, None, req.num_cached_tokens, req.events,
+                                            prompt_logprobs=plp))
         return outputs, finished
 
     def _trim_drafts(self, req: Request, drafts: list[int]) -> list[int]:

@@ -66,8 +66,10 @@ class KVCacheManager:
     # -- call 1 ---------------------------------------------------------------------------------
     def get_computed_blocks(self, request: Request) -> tuple[list[KVBlock], int]:
         """Longest cached prefix of full blocks. Leaves at least one token to compute, so there are
-        logits to sample from."""
-        if not self.enable_caching:
+        logits to sample from. A request that asks for prompt logprobs gets none: the cache holds
+        K/V, not the logits of those positions, so it computes its whole prompt (as vLLM). Its own
+        blocks are still offered to the cache for others."""
+        if not self.enable_caching or request.params.prompt_logprobs is not None:
             return [], 0
         max_blocks = (request.num_tokens - 1) // self.block_size
         blocks: list[KVBlock] = []

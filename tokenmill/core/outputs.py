@@ -15,6 +15,15 @@ class SampledLogprobs:
     top: list[tuple[int, float]]  # the top-k alternatives, most likely first
 
 
+@dataclass(frozen=True)
+class PromptLogprobs:
+    """Logprobs of prompt tokens start, start+1, ...: entry j is log p(prompt[start + j] |
+    prompt[:start + j]) with the token's rank and the top-k alternatives. A chunked prefill returns
+    its prompt in several pieces; a recomputed prompt (after a preemption) returns it again."""
+    start: int  # prompt position of the first entry (>= 1: the first prompt token has no logprob)
+    entries: list[SampledLogprobs]
+
+
 @dataclass
 class ModelRunnerOutput:
     """What an executor returns for one step: the requests that sampled (their known tokens are all
@@ -24,6 +33,8 @@ class ModelRunnerOutput:
     logprobs: list[list[SampledLogprobs] | None] | None = None  # per request, per token; None: none asked
     spec_token_ids: list[list[int]] | None = None  # per request: drafts proposed for its next step
     expert_load: dict[int, list[int]] | None = None  # MoE: {layer: tokens routed to each expert} this step
+    # requests that asked for prompt_logprobs and computed prompt tokens this step (sampling or not)
+    prompt_logprobs: dict[str, PromptLogprobs] | None = None
 
 
 @dataclass
@@ -36,6 +47,7 @@ class EngineCoreOutput:
     num_cached_tokens: int
     events: RequestEvents
     spec_stats: SpecDecodingStats | None = None
+    prompt_logprobs: PromptLogprobs | None = None
 
 
 @dataclass

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from tokenmill.config import EngineConfig
 from tokenmill.core.engine_core import EngineCore
 from tokenmill.core.kv_cache_manager import KVCacheManager
-from tokenmill.core.outputs import EngineCoreOutput, IterationStats, SampledLogprobs
+from tokenmill.core.outputs import EngineCoreOutput, IterationStats, PromptLogprobs, SampledLogprobs
 from tokenmill.engine.detokenizer import DetokState, IncrementalDetokenizer
 from tokenmill.engine.resolve import resolve_config
 from tokenmill.engine.tokenizer import load_tokenizer
@@ -59,6 +59,7 @@ class _Parent:
     prompt_token_ids: list[int]
     samples: list[_Sample]
     num_finished: int = 0
+    prompt_logprobs: list[dict[int, Logprob] | None] | None = None  # filled in prompt order
 
     @property
     def finished(self) -> bool:
@@ -131,7 +132,8 @@ class LLMEngine:
         if params.structured_outputs is not None:
             check_structured_outputs(params, self.grammar_compiler)
         arrival = arrival_time if arrival_time is not None else self.core.clock()
-        parent = _Parent(request_id, text, token_ids, [])
+        parent = _Parent(request_id, text, token_ids, [], prompt_logprobs=[None] if params.prompt_logprobs is not None
+                         else None)
         for i in range(params.n):
             rid = request_id if params.n == 1 else f"{request_id}#{i}"
             # sample i of a seeded request draws from seed + i: distinct, reproducible samples
@@ -195,6 +197,10 @@ class LLMEngine:
         touched: dict[str, _Parent] = {}
         for out in result.outputs:
             parent, sample = self._samples[out.request_id]
+            if out.prompt_logprobs is not None:
+                self._add_prompt_logprobs(parent, out.prompt_logprobs)
+            if not out.new_token_ids and out.finish_reason is None:
+                continue  # a prompt chunk: nothing to show yet
             finished += self._process(sample, out)
             if sample.finish_reason is not None:
                 parent.num_finished += 1
@@ -228,12 +234,24 @@ class LLMEngine:
         return ended
 
     def _add_logprobs(self, sample: _Sample, token: int, lp: SampledLogprobs) -> None:
+        sample.logprobs.append(self._logprob_entry(token, lp))
+        sample.cumulative_logprob += lp.logprob
+
+    def _add_prompt_logprobs(self, parent: _Parent, plp: PromptLogprobs) -> None:
+        """Entries arrive in prompt order, chunk by chunk; positions already filled (a prompt
+        recomputed after a preemption, or the same prompt from another of the n samples) are skipped."""
+        have = parent.prompt_logprobs
+        ids = parent.prompt_token_ids
+        for pos in range(len(have), plp.start + len(plp.entries)):
+            have.append(self._logprob_entry(ids[pos], plp.entries[pos - plp.start]))
+
+    def _logprob_entry(self, token: int, lp: SampledLogprobs) -> dict[int, Logprob]:
+        """vLLM's entry: the top alternatives (rank 1..k) and the token itself with its own rank."""
         text = self.detokenizer.token_text
         entry = {tid: Logprob(v, rank, text(tid)) for rank, (tid, v) in enumerate(lp.top, start=1)}
         if token not in entry:
             entry[token] = Logprob(lp.logprob, lp.rank, text(token))
-        sample.logprobs.append(entry)
-        sample.cumulative_logprob += lp.logprob
+        return entry
 
     def _make_output(self, parent: _Parent) -> RequestOutput:
         outs = [self._completion(s) for s in parent.samples]
@@ -247,7 +265,7 @@ class LLMEngine:
                                      spec_stats)
         return RequestOutput(parent.request_id, parent.prompt, parent.prompt_token_ids, outs,
                              finished=parent.finished, num_cached_tokens=parent.samples[0].num_cached_tokens,
-                             metrics=metrics)
+                             metrics=metrics, prompt_logprobs=parent.prompt_logprobs)
 
     def _completion(self, s: _Sample) -> CompletionOutput:
         done = s.finish_reason is not None

@@ -12,7 +12,7 @@ import torch
 from tokenmill.attention import BatchLayout, get_attention_backend
 from tokenmill.config import TokenmillConfig
 from tokenmill.core.errors import RequestStepError
-from tokenmill.core.outputs import ModelRunnerOutput
+from tokenmill.core.outputs import ModelRunnerOutput, PromptLogprobs
 from tokenmill.core.scheduler_output import NewRequestData, SchedulerOutput
 from tokenmill.engine.resolve import TORCH_DTYPES
 from tokenmill.metrics.expert_load import ExpertLoad
@@ -25,7 +25,7 @@ from tokenmill.sampling_params import SamplingParams
 from tokenmill.spec.proposer import DraftRequest, Target, make_proposer
 from tokenmill.spec.rejection import verify
 from tokenmill.structured.matcher import StructuredDecoding
-from tokenmill.worker.sampler import Sampler
+from tokenmill.worker.sampler import Sampler, prompt_logprobs
 from tokenmill.worker.threads import ThreadController
 
 logger = logging.getLogger(__name__)
@@ -64,6 +64,16 @@ class RunnerRequest:
     def append(self, token: int) -> None:
         self.token_ids.append(token)
         self.output_token_ids.append(token)
+
+
+@dataclass(frozen=True)
+class PromptRows:
+    """The rows of a flat batch that score prompt tokens for one request."""
+    request_id: str
+    row: int  # first row in the flat batch
+    position: int  # its position in the sequence (it scores the prompt token at position + 1)
+    targets: list[int]  # the prompt tokens scored: at position + 1, position + 2, ...
+    k: int  # top alternatives
 
 
 class ModelRunner:
@@ -121,14 +131,15 @@ class ModelRunner:
         if self.fault_token is not None:
             self._inject_fault(out)
         self.threads.before_step()
-        input_ids, positions, layout, sample_idx, samples = self._layout(out)
+        input_ids, positions, layout, sample_idx, samples, prompt_rows = self._layout(out)
         meta = self.backend.build_metadata(layout)
         hidden = self.model(input_ids, positions, self.kv_caches, self.backend, meta)
         if self.proposer is not None:
             self.proposer.observe(input_ids, positions, meta)
         load = self._take_expert_load()
+        prompt_lps = self._prompt_logprobs(hidden, prompt_rows) if prompt_rows else None
         if not samples:
-            return ModelRunnerOutput([], [], expert_load=load)
+            return ModelRunnerOutput([], [], expert_load=load, prompt_logprobs=prompt_lps)
         logits = self.model.compute_logits(hidden[torch.tensor(sample_idx)])
         tokens, logprobs = self._sample(logits, samples)
         reqs = [req for req, _ in samples]
@@ -138,7 +149,8 @@ class ModelRunner:
                 req.append(token)
         return ModelRunnerOutput([r.request_id for r in reqs], tokens,
                                  logprobs if any(lp is not None for lp in logprobs) else None,
-                                 self._propose(samples, tokens) if self.proposer is not None else None, load)
+                                 self._propose(samples, tokens) if self.proposer is not None else None, load,
+                                 prompt_lps)
 
     def _take_expert_load(self) -> dict[int, list[int]] | None:
         """Tokens each expert of each MoE layer received since the last call (None: no MoE)."""
@@ -152,6 +164,15 @@ class ModelRunner:
         bad = [rid for rid in out.num_scheduled_tokens if self.fault_token in self.requests[rid].prompt_token_ids]
         if bad:
             raise RequestStepError(bad, f"injected fault ({FAULT_TOKEN_ENV}) for {', '.join(bad)}")
+
+    def _prompt_logprobs(self, hidden: torch.Tensor, prompt_rows: list[PromptRows]) -> dict[str, PromptLogprobs]:
+        out = {}
+        for rows in prompt_rows:
+            idx = slice(rows.row, rows.row + len(rows.targets))
+            entries = prompt_logprobs(self.model.compute_logits, hidden[idx], torch.tensor(rows.targets), rows.k,
+                                      self.sampler.vocab_size)
+            out[rows.request_id] = PromptLogprobs(rows.position + 1, entries)
+        return out
 
     def _sample(self, logits: torch.Tensor, samples: list[tuple[RunnerRequest, list[int]]]):
         """Plain rows through the sampler, rows with drafts through verification; logits hold each
@@ -212,7 +233,7 @@ class ModelRunner:
         samples: from its last row, or from all k+1 rows when it has k drafts."""
         bs = self.block_size
         ids, pos, slots, qsl, seq_lens, tables = [], [], [], [0], [], []
-        sample_idx, samples = [], []
+        sample_idx, samples, prompt_rows = [], [], []
         for rid, n in out.num_scheduled_tokens.items():
             req = self.requests[rid]
             start = req.num_computed_tokens
@@ -221,6 +242,11 @@ class ModelRunner:
             ids.append(np.asarray(req.token_ids[start:start + n - len(drafts)] + drafts))
             pos.append(p)
             slots.append(np.asarray(req.block_ids)[p // bs] * bs + p % bs)
+            k = req.params.prompt_logprobs
+            # rows whose next token is a prompt token: positions start .. len(prompt) - 2
+            count = min(start + n, len(req.prompt_token_ids) - 1) - start
+            if k is not None and count > 0:
+                prompt_rows.append(PromptRows(rid, qsl[-1], start, req.token_ids[start + 1:start + count + 1], k))
             qsl.append(qsl[-1] + n)
             seq_lens.append(start + n)
             tables.append(req.block_ids)
@@ -229,7 +255,7 @@ class ModelRunner:
                 samples.append((req, drafts))
         layout = BatchLayout(torch.from_numpy(np.concatenate(slots)), qsl, seq_lens, tables, bs)
         return (torch.from_numpy(np.concatenate(ids)), torch.from_numpy(np.concatenate(pos)),
-                layout, sample_idx, samples)
+                layout, sample_idx, samples, prompt_rows)
 
     # -- scoring --------------------------------------------------------------------------------
     @torch.inference_mode()

@@ -154,17 +154,36 @@ def _mask_until_min_tokens(logits: torch.Tensor, reqs: list[SamplingRequest]) ->
 def gather_logprobs(raw: torch.Tensor | None, tokens: list[int], reqs: list[SamplingRequest]):
     if raw is None:
         return [None] * len(reqs)
-    max_k = max(r.params.logprobs or 0 for r in reqs)
-    top_vals, top_ids = raw.topk(max_k, dim=-1) if max_k else (None, None)
-    chosen = raw.gather(1, torch.tensor(tokens)[:, None])
-    ranks = ((raw > chosen).sum(dim=-1) + 1).tolist()  # as vLLM: 1 + tokens strictly more likely
-    chosen = chosen.squeeze(1).tolist()
+    records = logprob_records(raw, tokens, max(r.params.logprobs or 0 for r in reqs))
     out: list[SampledLogprobs | None] = []
-    for i, r in enumerate(reqs):
-        if r.params.logprobs is None:
-            out.append(None)
-            continue
+    for rec, r in zip(records, reqs):
         k = r.params.logprobs
-        alts = list(zip(top_ids[i, :k].tolist(), top_vals[i, :k].tolist())) if k else []
-        out.append(SampledLogprobs(chosen[i], ranks[i], alts))
+        out.append(None if k is None else rec if len(rec.top) == k else SampledLogprobs(rec.logprob, rec.rank, rec.top[:k]))
+    return out
+
+
+def logprob_records(raw: torch.Tensor, tokens: list[int] | torch.Tensor, k: int) -> list[SampledLogprobs]:
+    """Per row of raw logprobs [rows, vocab]: the token's logprob, its rank (as vLLM: 1 + the
+    tokens strictly more likely) and the top-k alternatives."""
+    top_vals, top_ids = raw.topk(k, dim=-1) if k else (None, None)
+    chosen = raw.gather(1, torch.as_tensor(tokens)[:, None])
+    ranks = ((raw > chosen).sum(dim=-1) + 1).tolist()
+    chosen = chosen.squeeze(1).tolist()
+    if not k:
+        return [SampledLogprobs(c, r, []) for c, r in zip(chosen, ranks)]
+    ids, vals = top_ids.tolist(), top_vals.tolist()
+    return [SampledLogprobs(c, r, list(zip(i, v))) for c, r, i, v in zip(chosen, ranks, ids, vals)]
+
+
+PROMPT_LOGPROBS_ROWS = 256  # logits rows at a time: 256 x a 150k vocabulary is 150 MB of float32
+
+
+def prompt_logprobs(compute_logits, hidden: torch.Tensor, targets: torch.Tensor, k: int,
+                    vocab_size: int) -> list[SampledLogprobs]:
+    """Teacher-forced logprobs of the target tokens from the hidden states of the positions before
+    them (the raw distribution, as sampled logprobs), a slice of rows at a time."""
+    out: list[SampledLogprobs] = []
+    for a in range(0, len(targets), PROMPT_LOGPROBS_ROWS):
+        logits = compute_logits(hidden[a:a + PROMPT_LOGPROBS_ROWS])[:, :vocab_size]
+        out += logprob_records(torch.log_softmax(logits.float(), dim=-1), targets[a:a + PROMPT_LOGPROBS_ROWS], k)
     return out
