@@ -80,10 +80,10 @@ class SamplingParams:
         _check(self.max_tokens is None or self.min_tokens <= self.max_tokens, "min_tokens", self.min_tokens,
                "<= max_tokens")
         _check(self.logprobs is None or _is_int(self.logprobs) and 0 <= self.logprobs <= MAX_LOGPROBS, "logprobs",
-               self.logprobs, f"an integer in 0..{MAX_LOGPROBS} or None")
+               self.logprobs, f"0..{MAX_LOGPROBS} or None")
         _check(self.prompt_logprobs is None or _is_int(self.prompt_logprobs)
                and 0 <= self.prompt_logprobs <= MAX_LOGPROBS, "prompt_logprobs", self.prompt_logprobs,
-               f"an integer in 0..{MAX_LOGPROBS} (top alternatives per prompt token) or None")
+               f"0..{MAX_LOGPROBS} (top alternatives per prompt token) or None")
         _check(all(isinstance(s, str) and s for s in self.stop_list), "stop", self.stop, "non-empty strings")
         _check(self.structured_outputs is None or isinstance(self.structured_outputs, StructuredOutputsParams),
                "structured_outputs", self.structured_outputs, "a StructuredOutputsParams or None")

@@ -12,6 +12,7 @@ from tokenmill.engine.async_engine import RequestStream
 from tokenmill.request import RequestOutput
 from tokenmill.server.deltas import ChoiceDelta, OutputDeltas
 from tokenmill.server.chat_tools import ChatTools, ToolDeltas
+from tokenmill.server.echo import prompt_logprobs_json
 from tokenmill.server.errors import APIError
 from tokenmill.server.logprobs import chat_logprobs
 from tokenmill.server.protocol import ChatCompletionRequest, ChatMessage
@@ -38,7 +39,7 @@ class OpenAIServingChat(OpenAIServing):
             aliases["structured_outputs"] = source
         logprobs = (req.top_logprobs or 0) if req.logprobs else None
         # max_tokens None: the engine gives the request all the room left in the context
-        params = self._sampling_params(req, max_tokens, logprobs, aliases, structured)
+        params = self._sampling_params(req, max_tokens, logprobs, aliases, structured, req.prompt_logprobs)
         prompt_ids = await self._prompt_ids(req, tools.prompt_tools)
         rid = f"chatcmpl-{uuid.uuid4().hex}"
         stream = await self._add([(rid, {"prompt_token_ids": prompt_ids}, params)], arrival, aliases)
@@ -55,6 +56,8 @@ class OpenAIServingChat(OpenAIServing):
         self._common_checks(req)
         if req.top_logprobs is not None and not req.logprobs:
             raise APIError(400, "top_logprobs needs logprobs=true", param="top_logprobs")
+        if req.stream and req.prompt_logprobs is not None:
+            raise APIError(400, "prompt_logprobs is not available with stream=true", param="prompt_logprobs")
 
     async def _prompt_ids(self, req: ChatCompletionRequest, tools: list[dict] | None) -> list[int]:
         kwargs = dict(req.chat_template_kwargs or {})
@@ -82,6 +85,8 @@ class OpenAIServingChat(OpenAIServing):
                 "choices": choices, "usage": usage([out])}
         if req.return_token_ids:
             body["prompt_token_ids"] = out.prompt_token_ids
+        if req.prompt_logprobs is not None:
+            body["prompt_logprobs"] = prompt_logprobs_json(out.prompt_logprobs)
         return body
 
     async def _stream(self, stream: RequestStream, rid: str, created: int,

@@ -11,6 +11,7 @@ from starlette.responses import JSONResponse, Response
 from tokenmill.engine.async_engine import RequestStream
 from tokenmill.request import RequestOutput
 from tokenmill.server.deltas import ChoiceDelta, OutputDeltas
+from tokenmill.server.echo import EchoPrompt, echo_delta, prompt_logprobs_json, prompt_only
 from tokenmill.server.errors import APIError
 from tokenmill.server.logprobs import completion_logprobs
 from tokenmill.server.protocol import CompletionRequest
@@ -29,26 +30,32 @@ class OpenAIServingCompletion(OpenAIServing):
         prompts = _prompts(req.prompt)
         structured, source = structured_outputs_of(req)
         aliases = {"structured_outputs": source} if source else {}
-        params = self._sampling_params(req, req.max_tokens, req.logprobs, aliases, structured)
+        # max_tokens=0 (echo only): one token is generated and dropped, as vLLM
+        params = self._sampling_params(req, 1 if req.max_tokens == 0 else req.max_tokens, req.logprobs, aliases,
+                                       structured, _prompt_logprobs(req))
         engine_prompts = await self._engine_prompts(prompts)
+        echoes = await self._echo_prompts(engine_prompts) if req.echo else None
         base = f"cmpl-{uuid.uuid4().hex}"
         ids = [f"{base}-{i}" for i in range(len(prompts))]
         stream = await self._add(list(zip(ids, engine_prompts, [params] * len(prompts))), arrival, aliases)
         created = int(time.time())
         if req.stream:
-            return EventStream(self._stream(stream, ids, base, created, req), on_close=stream.abort)
+            return EventStream(self._stream(stream, ids, base, created, req, echoes), on_close=stream.abort)
         final = await self._final_outputs(stream, raw)
         if final is None:
             return Response(status_code=499)  # the client is gone: nobody reads this
-        outs = [final[i] for i in ids]
+        outs = [final[i] if req.max_tokens != 0 else prompt_only(final[i]) for i in ids]
         return JSONResponse({"id": base, "object": "text_completion", "created": created, "model": self.model_name,
-                             "choices": _choices(outs, req), "usage": usage(outs)})
+                             "choices": _choices(outs, req, echoes), "usage": usage(outs)})
 
     def _check_request(self, req: CompletionRequest) -> None:
         self._check_model(req.model)
         self._common_checks(req)
-        if req.echo:
-            raise APIError(400, "echo is not supported", param="echo")
+        if req.max_tokens is not None and req.max_tokens == 0 and not req.echo:
+            raise APIError(400, "max_tokens must be >= 1 (0 only with echo: the prompt alone)", param="max_tokens")
+        if req.stream and req.prompt_logprobs is not None:
+            raise APIError(400, "prompt_logprobs is not available with stream=true (use echo with logprobs)",
+                           param="prompt_logprobs")
         if req.suffix:
             raise APIError(400, "suffix is not supported", param="suffix")
         if req.best_of is not None and req.best_of != req.n:
@@ -62,8 +69,17 @@ class OpenAIServingCompletion(OpenAIServing):
         encoded = iter(await self.tokenizer.encode(texts) if texts else [])
         return [{"prompt": p, "prompt_token_ids": next(encoded)} if isinstance(p, str) else p for p in prompts]
 
+    async def _echo_prompts(self, engine_prompts: list[dict | list[int]]) -> list[EchoPrompt]:
+        """The prompt text to echo (token-id prompts decoded) and the first token's text."""
+        out = []
+        for p in engine_prompts:
+            ids = p["prompt_token_ids"] if isinstance(p, dict) else p
+            text = p["prompt"] if isinstance(p, dict) else await self.tokenizer.decode(ids)
+            out.append(EchoPrompt(text, await self.tokenizer.decode(ids[:1])))
+        return out
+
     async def _stream(self, stream: RequestStream, ids: list[str], base: str, created: int,
-                      req: CompletionRequest) -> AsyncIterator[str]:
+                      req: CompletionRequest, echoes: list[EchoPrompt] | None) -> AsyncIterator[str]:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         deltas = {rid: OutputDeltas() for rid in ids}
         index_of = {rid: p for p, rid in enumerate(ids)}
@@ -74,9 +90,17 @@ class OpenAIServingCompletion(OpenAIServing):
             try:
                 while not stream.finished:
                     for out in await stream.next_outputs():
+                        out = prompt_only(out) if req.max_tokens == 0 else out
                         latest[out.request_id] = out
+                        p = index_of[out.request_id]
                         for d in deltas[out.request_id].update(out):
-                            choice = _delta_choice(d, index_of[out.request_id], req, offsets)
+                            echo = echoes[p] if echoes is not None and p * req.n + d.index not in offsets else None
+                            generated_ids = d.token_ids
+                            if echo is not None:
+                                d = echo_delta(d, echo, out)
+                            choice = _delta_choice(d, p, req, offsets, echo.first_token_text if echo else "")
+                            if choice is not None and req.return_token_ids:
+                                choice["token_ids"] = generated_ids
                             if choice is not None:
                                 yield chunk(head, [choice], include_usage)
                 if include_usage:
@@ -100,14 +124,26 @@ def _prompts(prompt: str | list) -> list[Prompt]:
     return [p if isinstance(p, str) else list(p) for p in prompt]
 
 
-def _choices(outs: list[RequestOutput], req: CompletionRequest) -> list[dict]:
+def _prompt_logprobs(req: CompletionRequest) -> int | None:
+    """What the engine computes for the prompt: vLLM's prompt_logprobs, and echo's logprobs."""
+    asked = [k for k in (req.prompt_logprobs, req.logprobs if req.echo else None) if k is not None]
+    return max(asked) if asked else None
+
+
+def _choices(outs: list[RequestOutput], req: CompletionRequest, echoes: list[EchoPrompt] | None) -> list[dict]:
     choices = []
     for p, out in enumerate(outs):
         for c in out.outputs:
-            choice = {"index": p * req.n + c.index, "text": c.text,
-                      "logprobs": completion_logprobs(c.logprobs, c.token_ids, req.logprobs, 0)
+            text, ids, lps, first = c.text, c.token_ids, c.logprobs, ""
+            if echoes is not None:
+                d = echo_delta(ChoiceDelta(c.index, c.text, c.token_ids, c.logprobs, None, None), echoes[p], out)
+                text, ids, lps, first = d.text, d.token_ids, d.logprobs, echoes[p].first_token_text
+            choice = {"index": p * req.n + c.index, "text": text,
+                      "logprobs": completion_logprobs(lps, ids, req.logprobs, 0, first)
                       if req.logprobs is not None else None,
                       "finish_reason": c.finish_reason, "stop_reason": c.stop_reason}
+            if req.prompt_logprobs is not None:
+                choice["prompt_logprobs"] = prompt_logprobs_json(out.prompt_logprobs)
             if req.return_token_ids:
                 choice["prompt_token_ids"] = out.prompt_token_ids
                 choice["token_ids"] = c.token_ids
@@ -115,7 +151,8 @@ def _choices(outs: list[RequestOutput], req: CompletionRequest) -> list[dict]:
     return choices
 
 
-def _delta_choice(d: ChoiceDelta, prompt_index: int, req: CompletionRequest, offsets: dict[int, int]) -> dict | None:
+def _delta_choice(d: ChoiceDelta, prompt_index: int, req: CompletionRequest, offsets: dict[int, int],
+                  unscored_text: str = "") -> dict | None:
     """The streamed choice for one delta, or None when there is nothing to send yet (text held
     back: a partial character or a possible stop string)."""
     if not (d.text or d.finish_reason or req.logprobs is not None or req.return_token_ids):
@@ -124,7 +161,8 @@ def _delta_choice(d: ChoiceDelta, prompt_index: int, req: CompletionRequest, off
     choice = {"index": idx, "text": d.text, "logprobs": None, "finish_reason": d.finish_reason,
               "stop_reason": d.stop_reason}
     if req.logprobs is not None and d.logprobs is not None:
-        choice["logprobs"] = completion_logprobs(d.logprobs, d.token_ids, req.logprobs, offsets.get(idx, 0))
+        choice["logprobs"] = completion_logprobs(d.logprobs, d.token_ids, req.logprobs, offsets.get(idx, 0),
+                                                 unscored_text)
     offsets[idx] = offsets.get(idx, 0) + len(d.text)
     if req.return_token_ids:
         choice["token_ids"] = d.token_ids

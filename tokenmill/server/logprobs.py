@@ -20,13 +20,21 @@ def _ranked(d: dict[int, Logprob], k: int) -> list[Logprob]:
     return sorted((lp for lp in d.values() if lp.rank is not None), key=lambda lp: lp.rank)[:k]
 
 
-def completion_logprobs(lps: list[dict[int, Logprob]] | None, token_ids: list[int], k: int,
-                        offset: int) -> dict | None:
-    """/v1/completions: tokens, token_logprobs, top_logprobs (k alternatives), text_offset."""
+def completion_logprobs(lps: list[dict[int, Logprob] | None] | None, token_ids: list[int], k: int,
+                        offset: int, unscored_text: str = "") -> dict | None:
+    """/v1/completions: tokens, token_logprobs, top_logprobs (k alternatives), text_offset. A None
+    entry (an echoed prompt's first token, `unscored_text`) has null logprob and alternatives."""
     if lps is None:
         return None
     tokens, token_logprobs, top, offsets = [], [], [], []
     for tid, d in zip(token_ids, lps):
+        if d is None:
+            tokens.append(unscored_text)
+            token_logprobs.append(None)
+            top.append(None)
+            offsets.append(offset)
+            offset += len(unscored_text)
+            continue
         chosen = d.get(tid)
         text = _chosen_text(chosen)
         tokens.append(text)

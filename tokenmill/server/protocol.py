@@ -43,6 +43,7 @@ class _SamplingFields(_Base):
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     return_token_ids: bool = False  # add token ids (prompt and output) to the response
+    prompt_logprobs: int | None = None  # logprobs of the prompt tokens (vLLM's format; not with stream)
     # structured outputs (OpenAI's response_format; vLLM's structured_outputs and guided_*)
     response_format: dict[str, Any] | None = None
     structured_outputs: dict[str, Any] | None = None

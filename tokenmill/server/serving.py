@@ -61,12 +61,13 @@ class OpenAIServing:
     @staticmethod
     def _sampling_params(req: CompletionRequest | ChatCompletionRequest, max_tokens: int | None,
                          logprobs: int | None, aliases: dict[str, str],
-                         structured: StructuredOutputsParams | None = None) -> SamplingParams:
+                         structured: StructuredOutputsParams | None = None,
+                         prompt_logprobs: int | None = None) -> SamplingParams:
         kwargs: dict[str, Any] = dict(n=req.n, max_tokens=max_tokens, min_tokens=req.min_tokens,
                                       ignore_eos=req.ignore_eos, stop=req.stop, stop_token_ids=req.stop_token_ids,
                                       skip_special_tokens=req.skip_special_tokens,
                                       include_stop_str_in_output=req.include_stop_str_in_output, logprobs=logprobs,
-                                      structured_outputs=structured)
+                                      structured_outputs=structured, prompt_logprobs=prompt_logprobs)
         kwargs.update({name: getattr(req, name) for name in _SAMPLING_FIELDS if getattr(req, name) is not None})
         try:
             return SamplingParams(**kwargs)
