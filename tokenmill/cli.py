@@ -1,4 +1,4 @@
-"""tokenmill command line: serve | generate | chat | bench | sim | plan."""
+"""tokenmill command line: serve | generate | chat | eval | bench | sim | plan."""
 from __future__ import annotations
 
 import argparse
@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, NoReturn
 
 from tokenmill import __version__
 from tokenmill.cli_chat import add_chat_parser
+from tokenmill.cli_eval import add_eval_parser
 from tokenmill.cli_sampling import GENERATE_DEFAULTS, add_sampling_args, check_sampling_args, resolve_sampling
 from tokenmill.engine.arg_utils import add_engine_args, add_model_args, engine_config, engine_kwargs
 
@@ -98,6 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_chat_parser(sub)
     _add_serve(sub)
+    add_eval_parser(sub)
     _add_bench(sub)
     from tokenmill.quant import quantize
     quantize.add_parser(sub)
