@@ -112,3 +112,15 @@ def test_kv_manager_gives_no_cached_prefix_to_prompt_logprobs():
     kv.cache_blocks(first, 12)
     assert kv.get_computed_blocks(Request("b", list(range(12)), SamplingParams()))[1] == 8
     assert kv.get_computed_blocks(Request("c", list(range(12)), SamplingParams(prompt_logprobs=0))) == ([], 0)
+
+
+def test_preempted_request_fills_each_position_once(tiny_llama, reference):
+    """A KV cache too small for both requests: one is preempted while decoding and recomputes its
+    prompt, whose logprobs arrive again and must not be appended twice."""
+    llm = LLM(str(tiny_llama), dtype="float32", num_kv_blocks=14, max_num_batched_tokens=64, max_model_len=256)
+    ids = [prompt(20, 100), prompt(21, 100)]
+    outs = llm.generate(ids, SamplingParams(max_tokens=60, temperature=0, ignore_eos=True, prompt_logprobs=1),
+                        use_tqdm=False)
+    assert sum(o.metrics.num_preemptions for o in outs) >= 1
+    for p, out in zip(ids, outs):
+        check_against(reference(p), p, out.prompt_logprobs, 1)
