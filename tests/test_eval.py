@@ -134,3 +134,15 @@ def test_quantization_passed_only_when_given():
     else:
         with pytest.raises(ValueError, match="--quantization"):
             llm_kwargs(args)
+
+
+def test_prompt_logprobs_cost_benchmark_runs(tiny_llama, tmp_path, capsys):
+    """The benchmark's bookkeeping (no timing is checked): three variants, a JSON record."""
+    from tokenmill.bench import prompt_logprobs
+    out = tmp_path / "cost.json"
+    assert prompt_logprobs.main(["--model", str(tiny_llama), "--dtype", "float32", "--window", "64",
+                                 "--num-tokens", "200", "--rounds", "1", "--k", "2", "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["variant"] for r in rows] == ["plain", "prompt_logprobs=0", "prompt_logprobs=2"]
+    assert all(r["wall_s"] >= r["executor_s"] > 0 for r in rows)
+    assert "4 windows of 64" in capsys.readouterr().out

@@ -5,6 +5,7 @@ and the request lifecycle; the ModelRunner is its executor."""
 from __future__ import annotations
 
 import dataclasses
+import gc
 import itertools
 import logging
 from dataclasses import dataclass, field
@@ -66,6 +67,15 @@ class _Parent:
         return self.num_finished == len(self.samples)
 
 
+def freeze_startup_heap() -> None:
+    """Move every object alive after loading (torch, transformers, the model: ~600k objects) out
+    of the collector's reach, as vLLM does. Otherwise each full collection, which bursts of small
+    records (logprob entries) trigger, walks them all: 0.48 s per collection, measured during a
+    14k-token prompt_logprobs pass that took 1.0 s in all (0.54 s frozen)."""
+    gc.collect()
+    gc.freeze()
+
+
 class LLMEngine:
     def __init__(self, config: EngineConfig | None = None, **kwargs) -> None:
         self.engine_config = config or EngineConfig(**kwargs)
@@ -85,6 +95,8 @@ class LLMEngine:
         # False: step() returns only finished requests (offline use skips per-step output building)
         self.stream_outputs = True
         self._ids = itertools.count()
+        freeze_startup_heap()
+
 
     # -- facts ----------------------------------------------------------------------------------
     @property
