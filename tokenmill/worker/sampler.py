@@ -158,7 +158,9 @@ def gather_logprobs(raw: torch.Tensor | None, tokens: list[int], reqs: list[Samp
     out: list[SampledLogprobs | None] = []
     for rec, r in zip(records, reqs):
         k = r.params.logprobs
-        out.append(None if k is None else rec if len(rec.top) == k else SampledLogprobs(rec.logprob, rec.rank, rec.top[:k]))
+        if k is not None and len(rec.top) != k:
+            rec = SampledLogprobs(rec.logprob, rec.rank, rec.top[:k])
+        out.append(None if k is None else rec)
     return out
 
 
