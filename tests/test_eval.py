@@ -120,20 +120,18 @@ def test_bad_tasks_is_a_one_line_error(capsys):
     assert "--tasks must be a comma-separated list of perplexity, exact_match" in capsys.readouterr().err
 
 
-def test_quantization_passed_only_when_given():
-    import argparse
-    import dataclasses
-
-    from tokenmill.cli_eval import llm_kwargs
-    from tokenmill.config import EngineConfig
-    args = argparse.Namespace(dtype="float32", quantization=None)
-    assert "quantization" not in llm_kwargs(args)
-    args.quantization = "int8"
-    if "quantization" in {f.name for f in dataclasses.fields(EngineConfig)}:
-        assert llm_kwargs(args)["quantization"] == "int8"
-    else:
-        with pytest.raises(ValueError, match="--quantization"):
-            llm_kwargs(args)
+def test_eval_passes_quantization_to_the_engine(tiny_llama, capsys):
+    """--quantization reaches LLM(..., quantization=...): the record names the resolved method, and
+    int8 weights move the perplexity a little but not far (a tiny random model; loose bound)."""
+    args = ["eval", str(tiny_llama), "--dtype", "float32", "--tasks", "perplexity", "--window", "100",
+            "--num-tokens", "200", "--kv-cache-memory-gb", "0.02"]
+    assert main(args) == 0
+    plain = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert main(args + ["--quantization", "int8"]) == 0
+    quant = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert (plain["quantization"], quant["quantization"]) == ("none", "int8")
+    ratio = quant["perplexity"]["perplexity"] / plain["perplexity"]["perplexity"]
+    assert ratio != 1.0 and abs(ratio - 1) < 0.05
 
 
 def test_prompt_logprobs_cost_benchmark_runs(tiny_llama, tmp_path, capsys):

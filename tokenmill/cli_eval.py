@@ -9,7 +9,6 @@ import json
 import sys
 import time
 
-from tokenmill.config import EngineConfig
 from tokenmill.engine.arg_utils import add_engine_args, add_model_args, engine_config, engine_kwargs, positive_int
 
 TASKS = ("perplexity", "exact_match")
@@ -24,8 +23,6 @@ def add_eval_parser(sub) -> None:
                        description=__doc__)
     add_model_args(p)
     add_engine_args(p)
-    p.add_argument("--quantization", default=None,
-                   help="weight quantization, passed to LLM(..., quantization=...) when given")
     p.add_argument("--tasks", default=",".join(TASKS), help="comma-separated, from: " + ", ".join(TASKS))
     p.add_argument("--text", default=None, help="text file for perplexity (default: tokenmill/data/alice_ch1_2.txt)")
     p.add_argument("--window", type=positive_int, default=1024, help="perplexity window in tokens (default: 1024)")
@@ -48,16 +45,6 @@ def parse_tasks(text: str) -> list[str]:
     return tasks
 
 
-def llm_kwargs(args: argparse.Namespace) -> dict:
-    """Engine keywords; quantization only when given (and only if this build's engine knows it)."""
-    kwargs = engine_kwargs(args)
-    if args.quantization is not None:
-        if "quantization" not in {f.name for f in dataclasses.fields(EngineConfig)}:
-            raise ValueError("--quantization: this build's engine has no quantization argument")
-        kwargs["quantization"] = args.quantization
-    return kwargs
-
-
 def cmd_eval(args: argparse.Namespace) -> int:
     tasks = parse_tasks(args.tasks)
     engine_config(args)  # every flag is checked before the model loads
@@ -78,10 +65,10 @@ def evaluate(args: argparse.Namespace, tasks: list[str]) -> dict:
     from tokenmill.eval.perplexity import perplexity
 
     t0 = time.perf_counter()
-    llm = LLM(args.model, **llm_kwargs(args))
+    llm = LLM(args.model, **engine_kwargs(args))  # --quantization among them
     cfg = llm.llm_engine.config
     record: dict = {"model": cfg.model.served_name, "dtype": cfg.model.dtype,
-                    "kv_cache_dtype": cfg.cache.kv_cache_dtype, "quantization": args.quantization or "none",
+                    "kv_cache_dtype": cfg.cache.kv_cache_dtype, "quantization": cfg.model.quantization,
                     "date": time.strftime("%Y-%m-%d")}
     if "perplexity" in tasks:
         text = open(args.text, encoding="utf-8").read() if args.text else read_text()

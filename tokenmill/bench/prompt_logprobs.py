@@ -36,7 +36,8 @@ def run(args: argparse.Namespace) -> int:
     from tokenmill.data import read_text
     from tokenmill.eval.perplexity import windows
 
-    llm = LLM(args.model, dtype=args.dtype, enable_prefix_caching=False)
+    kwargs = {"quantization": args.quantization} if args.quantization else {}
+    llm = LLM(args.model, dtype=args.dtype, enable_prefix_caching=False, **kwargs)
     ids = llm.get_tokenizer().encode(read_text(), add_special_tokens=False)
     ids = ids[:args.num_tokens] if args.num_tokens else ids
     prompts = [{"prompt_token_ids": w} for w in windows(ids, args.window)]
@@ -48,8 +49,10 @@ def run(args: argparse.Namespace) -> int:
     for _ in range(args.rounds):
         for name, params in variants.items():
             results[name].append(timed_pass(llm, prompts, params))
-    print(f"machine: {machine()}; date: {time.strftime('%Y-%m-%d %H:%M')}; dtype {llm.llm_engine.config.model.dtype}; "
-          f"{len(ids)} tokens in {len(prompts)} windows of {args.window}; medians of {args.rounds} alternating rounds")
+    spec = llm.llm_engine.config.model
+    print(f"machine: {machine()}; date: {time.strftime('%Y-%m-%d %H:%M')}; dtype {spec.dtype}; quantization "
+          f"{spec.quantization}; {len(ids)} tokens in {len(prompts)} windows of {args.window}; medians of "
+          f"{args.rounds} alternating rounds")
     rows = []
     base = statistics.median(w for w, _ in results["plain"])
     for name, runs in results.items():
@@ -64,6 +67,7 @@ def run(args: argparse.Namespace) -> int:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None)
     p.add_argument("--dtype", default="auto")
+    p.add_argument("--quantization", default=None, help="weight format (default: the engine's choice)")
     p.add_argument("--window", type=int, default=1024)
     p.add_argument("--k", type=int, default=5)
     p.add_argument("--rounds", type=int, default=3)
