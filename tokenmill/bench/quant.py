@@ -6,7 +6,7 @@ GGUF file, and resident memory after loading.
 
 decode  per-token decode time (TPOT) at batch 1, greedy, the same prompt, end of text banned so
         every run generates --tokens tokens: (time for 1 + N tokens - time for 1 token) / N, the
-        best of 3 in each round, engines alternated round by round in one process each:
+        best of 3 in each round, each engine in a fresh process, alternating order round by round:
           tokenmill gguf      the Q4_1 blocks kept (quantization="gguf", the default)
           tokenmill bf16/f32  dequantized at load (quantization="none", dtype auto / float32)
           llama.cpp           llama-cpp-python on the same .gguf, the same thread count
@@ -84,13 +84,26 @@ def decoders(threads: int) -> dict:
 
 
 def measure_decode(threads: int, rounds: int, tokens: int) -> dict[str, list[float]]:
-    built = {name: make() for name, make in decoders(threads).items()}
-    results: dict[str, list[float]] = {name: [] for name in built}
+    """Each engine in a fresh process per round (an idle engine's or llama.cpp's spinning threads
+    must not slow the next one), the order alternating round by round."""
+    names = list(decoders(threads))
+    results: dict[str, list[float]] = {name: [] for name in names}
     for r in range(rounds):
-        for name, dec in (built.items() if r % 2 == 0 else reversed(built.items())):
-            results[name].append(tpot_ms(dec, tokens))
+        for name in (names if r % 2 == 0 else reversed(names)):
+            res = subprocess.run([sys.executable, "-m", "tokenmill.bench.quant", "--worker", name, "--threads",
+                                  str(threads), "--tokens", str(tokens)], capture_output=True, text=True,
+                                 env={**os.environ, "TQDM_DISABLE": "1"})
+            if res.returncode:
+                raise RuntimeError(f"{name}: {res.stderr[-2000:]}")
+            results[name].append(json.loads(res.stdout.strip().splitlines()[-1])["tpot_ms"])
             print(f"round {r + 1}: {name:<16} {results[name][-1]:6.2f} ms/token", flush=True)
     return results
+
+
+def _worker(name: str, threads: int, tokens: int) -> int:
+    decoder = decoders(threads)[name]()
+    print(json.dumps({"tpot_ms": tpot_ms(decoder, tokens)}))
+    return 0
 
 
 def measure_memory(threads: int) -> dict[str, dict[str, float]]:
@@ -166,9 +179,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tokens", type=int, default=128)
     p.add_argument("--skip-memory", action="store_true")
     p.add_argument("--json", default=None)
+    p.add_argument("--worker", default=None, help=__import__("argparse").SUPPRESS)  # one engine, in a subprocess
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.worker:
+        return _worker(args.worker, args.threads, args.tokens)
     print(f"machine: {machine()}; date: {time.strftime('%Y-%m-%d %H:%M')}; threads {args.threads}")
     want = (lambda part: args.only in (None, part))
     gemm = measure_gemm(args.threads) if want("gemm") else []

@@ -98,10 +98,11 @@ GGUF_NATIVE_TYPES = ("Q4_0", "Q4_1", "Q8_0")
 # -- the Linear method ---------------------------------------------------------------------------
 class BlockLinearMethod(LinearMethod):
     """y = x Wᵀ + b on packed block records (`layer.records`, `layer.bits`). `quantize` turns a float
-    checkpoint tensor into blocks (default: 8-bit per 32; int8 / int4 RTN pass their own)."""
+    checkpoint tensor into blocks (int8 / int4 RTN); without it a float tensor keeps its layer float
+    (F.linear), and only a tied head (no tensor of its own) is quantized, to 8 bits per 32."""
 
     def __init__(self, quantize=None) -> None:
-        self.quantize = quantize or quantize_q8
+        self.quantize = quantize  # None: float checkpoint tensors stay float (a GGUF's F32/F16 tensors)
 
     def create_weights(self, layer: Linear, in_features: int, out_features: int, bias: bool) -> None:
         # a shape-only placeholder: parameter counts still see [out, in]; the codes arrive per shard
@@ -113,8 +114,8 @@ class BlockLinearMethod(LinearMethod):
         if name != "weight":
             return super().load_weight(layer, name, tensor, rows)
         rows = rows or slice(0, layer.out_features)
-        if not isinstance(tensor, BlockQuantized):
-            tensor = self.quantize(tensor)
+        if not isinstance(tensor, BlockQuantized) and self.quantize and layer.in_features % BLOCK == 0:
+            tensor = self.quantize(tensor)  # (otherwise the layer stays float, see load)
         expected = (rows.stop - rows.start, layer.in_features)
         if tuple(tensor.shape) != expected:
             raise ValueError(f"{layer.prefix}.weight: checkpoint shape {tuple(tensor.shape)}, expected {expected}")
@@ -122,16 +123,20 @@ class BlockLinearMethod(LinearMethod):
 
     def load(self, layer: Linear) -> None:
         shards = layer.shards
+        layer.shards = []
+        floats = any(not isinstance(t, BlockQuantized) for _, t in shards)
+        if floats or layer.in_features % BLOCK or not cpu_ops.load():
+            # float checkpoint tensors, no blocks of 32 inputs, or no C++ kernels here: F.linear
+            layer.records = None
+            if shards:
+                rows = sorted(shards, key=lambda s: s[0].start)
+                w = torch.cat([t.dequantize() if isinstance(t, BlockQuantized) else t.float() for _, t in rows])
+                layer.weight = nn.Parameter(w, requires_grad=False)
+            return
         if not shards:  # tied to a float weight (e.g. the embedding): quantize it here
-            shards = [(slice(0, layer.out_features), self.quantize(layer.weight.detach()))]
+            shards = [(slice(0, layer.out_features), (self.quantize or quantize_q8)(layer.weight.detach()))]
         layer.bits = 4 if all(t.bits == 4 for _, t in shards) else 8
         whole = _concat(shards, layer.out_features, layer.bits)
-        layer.shards = []
-        if not cpu_ops.load():  # no C++ kernels here: the same weights, dequantized, through F.linear
-            layer.records = None
-            if not layer.tied:
-                layer.weight = nn.Parameter(whole.dequantize(), requires_grad=False)
-            return
         layer.records = pack(whole)
         if layer.tied:  # the float weight stays with the embedding; our copy is the records
             layer.tied_source = layer.weight  # until the embedding takes the records (GGUFConfig.process_model)

@@ -4,7 +4,7 @@ The weights are read from the .gguf file itself (memory-mapped by gguf's reader)
 tensors reach the layers as `BlockQuantized` codes (quant/blocks.py), everything else (norms,
 biases, tensor types we do not keep) as float32 through the same name mapping and Q/K row
 un-permutation as the float conversion (models/gguf_convert.py), so both paths load the same
-model. Every Linear computes on block records; the embedding table becomes a `BlockEmbedding`
+model. Every Linear computes on block records (F32/F16 tensors stay float, block types we do not compute on become 8-bit blocks); the embedding table becomes a `BlockEmbedding`
 sharing the LM head's records when the two are tied (the default model: one Q8_0 table, 30 MB,
 where float32 took 113 MB). Activations stay float32 around the kernels; the KV cache keeps the
 model dtype.
@@ -25,6 +25,9 @@ from tokenmill.quant.blocks import GGUF_NATIVE_TYPES, BlockEmbedding, BlockLinea
     from_gguf_blocks, pack, quantize_q8
 
 logger = logging.getLogger(__name__)
+
+
+_FLOAT_TYPES = ("F32", "F16", "BF16", "F64")
 
 
 class GGUFConfig:
@@ -56,7 +59,9 @@ class GGUFConfig:
         for m in tied.values():
             del m.tied_source
 
-    def _block_embedding(self, emb: nn.Embedding, tied: Linear | None) -> BlockEmbedding:
+    def _block_embedding(self, emb: nn.Embedding, tied: Linear | None) -> nn.Module:
+        if emb.embedding_dim % 32:  # not in blocks of 32: stays as it is
+            return emb
         if tied is not None and getattr(tied, "records", None) is not None:
             records, bits = tied.records, tied.bits
         else:
@@ -96,5 +101,10 @@ def iter_gguf_weights(path: Path) -> Iterator[tuple[str, torch.Tensor | BlockQua
             w = dequantize(t.data, t.tensor_type)
             if n_head:
                 w = unpermute_qk_rows(w, n_head)
-            yield name, torch.from_numpy(np.array(w, dtype=np.float32, order="C"))
+            w = torch.from_numpy(np.array(w, dtype=np.float32, order="C"))
+            if type_name not in _FLOAT_TYPES and w.dim() == 2 and w.shape[1] % 32 == 0:
+                kept["Q8_0 (from " + type_name + ")"] = kept.get("Q8_0 (from " + type_name + ")", 0) + 1
+                yield name, quantize_q8(w)  # a block type we do not compute on: 8 bits per 32
+            else:
+                yield name, w
     logger.info("GGUF weights kept quantized: %s", ", ".join(f"{v} x {k}" for k, v in sorted(kept.items())) or "none")
