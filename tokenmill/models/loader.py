@@ -6,6 +6,7 @@ blocks read from the .gguf itself) and a last pass over the model (`process_mode
 from __future__ import annotations
 
 import contextlib
+import ctypes
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -55,7 +56,17 @@ def build_model(cfg: ModelConfig, folder: str | Path, dtype: torch.dtype, max_po
     model.process_weights_after_loading()
     if hasattr(quant, "process_model"):
         quant.process_model(model)
+    _release_freed_memory()
     return model
+
+
+def _release_freed_memory() -> None:
+    """Give the heap freed while loading (float copies of repacked or quantized weights) back to the
+    OS, so the resident size is the model's (glibc keeps freed chunks otherwise)."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        pass
 
 
 def _check_all_loaded(model: CausalLM, loaded: set[str]) -> None:
