@@ -106,6 +106,8 @@ class KVCacheManager:
             blocks.extend(self.pool.allocate(needed))
         if computed_blocks:
             self.num_cached_blocks[request.request_id] = len(computed_blocks)
+            # an adopted prefix longer than the window: keep only what the next token can see
+            self.free_outside_window(request, num_computed)
         return True
 
     def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
@@ -127,16 +129,17 @@ class KVCacheManager:
                 self.pool.cache_block(blocks[i], hashes[i])
         self.num_cached_blocks[request.request_id] = num_full
 
-    def free_outside_window(self, request: Request) -> None:
+    def free_outside_window(self, request: Request, next_position: int | None = None) -> None:
         """Free the blocks no future token can see: the next token to compute is at position
-        num_computed_tokens, and it (like every later one) sees keys from position
-        num_computed_tokens - W + 1 on."""
+        `next_position` (default num_computed_tokens), and it (like every later one) sees keys from
+        position next_position - W + 1 on."""
         if self.sliding_window is None:
             return
         blocks = self.req_blocks.get(request.request_id)
         if not blocks:
             return
-        first_visible = max(0, request.num_computed_tokens - self.sliding_window + 1)
+        nxt = request.num_computed_tokens if next_position is None else next_position
+        first_visible = max(0, nxt - self.sliding_window + 1)
         done = self.num_skipped_blocks.get(request.request_id, 0)
         end = min(first_visible // self.block_size, len(blocks))
         if end <= done:
