@@ -32,6 +32,14 @@ class RequestEvents:
     finished: float | None = None
     token_times: list[float] = field(default_factory=list)
     num_preemptions: int = 0
+    # the request's share, by tokens, of the time of every engine step it was in (prompt tokens,
+    # then decode and draft tokens): what the cost ledger bills
+    prefill_device_seconds: float = 0.0
+    decode_device_seconds: float = 0.0
+
+    @property
+    def device_seconds(self) -> float:
+        return self.prefill_device_seconds + self.decode_device_seconds
 
 
 @dataclass
@@ -161,6 +169,8 @@ class RequestMetrics:
     finished_time: float | None
     num_preemptions: int = 0
     spec_decoding: SpecDecodingStats | None = None  # with speculative decoding on
+    prefill_device_seconds: float = 0.0  # summed over the n samples (see RequestEvents)
+    decode_device_seconds: float = 0.0
 
 
 @dataclass

@@ -70,7 +70,8 @@ class EngineCore:
         if sched.is_empty:
             self.scheduler.defer(sched)
             return EngineCoreOutputs([], [], IterationStats.idle())
-        num_prompt = self._num_prompt_tokens(sched)
+        prompt_tokens = self._prompt_tokens_per_request(sched)
+        charged = [self.scheduler.requests[rid] for rid in sched.num_scheduled_tokens]
         t1 = self.clock()
         try:
             result = self.executor.execute(sched)
@@ -81,10 +82,12 @@ class EngineCore:
         num_rejected = self._verify_drafts(sched, result, spec)
         self.scheduler.update_after_step(sched, num_rejected)
         outputs, finished = self._append_sampled(result, t2)
-        it = IterationStats(num_prompt_tokens=num_prompt, num_generation_tokens=sum(len(o.new_token_ids) for o in outputs),
+        step_time = self.clock() - t0
+        self._charge_step(sched, charged, prompt_tokens, step_time)
+        it = IterationStats(num_prompt_tokens=sum(prompt_tokens.values()), num_generation_tokens=sum(len(o.new_token_ids) for o in outputs),
                             num_batched_tokens=sched.total_num_scheduled_tokens,
                             num_seqs=len(sched.num_scheduled_tokens), num_preempted=len(sched.preempted_request_ids),
-                            schedule_time=t1 - t0, forward_time=t2 - t1, step_time=self.clock() - t0,
+                            schedule_time=t1 - t0, forward_time=t2 - t1, step_time=step_time,
                             num_drafts=spec.num_drafts, num_draft_tokens=spec.num_draft_tokens,
                             num_accepted_tokens=spec.num_accepted_tokens,
                             accepted_per_position=spec.accepted_per_position, expert_load=result.expert_load)
@@ -122,10 +125,27 @@ class EngineCore:
                 step_stats.observe(len(drafts), accepted)
         return rejected
 
-    def _num_prompt_tokens(self, sched: SchedulerOutput) -> int:
+    def _prompt_tokens_per_request(self, sched: SchedulerOutput) -> dict[str, int]:
         reqs = self.scheduler.requests
-        return sum(min(n, max(0, reqs[rid].num_prompt_tokens - reqs[rid].num_computed_tokens))
-                   for rid, n in sched.num_scheduled_tokens.items())
+        return {rid: min(n, max(0, reqs[rid].num_prompt_tokens - reqs[rid].num_computed_tokens))
+                for rid, n in sched.num_scheduled_tokens.items()}
+
+    @staticmethod
+    def _charge_step(sched: SchedulerOutput, requests: list[Request], prompt_tokens: dict[str, int],
+                     step_time: float) -> None:
+        """Each request of the step is charged its share of the step's time, by tokens (the cost
+        ledger's device-seconds); the shares of one step sum to its step_time, so a request's
+        charges sum to the engine's busy seconds over all requests. Prompt tokens go to the
+        prefill part, the rest (decode, draft verification) to the decode part."""
+        total = sched.total_num_scheduled_tokens
+        if total <= 0 or step_time <= 0:
+            return
+        per_token = step_time / total
+        for req in requests:
+            n = sched.num_scheduled_tokens[req.request_id]
+            n_prompt = prompt_tokens[req.request_id]
+            req.events.prefill_device_seconds += per_token * n_prompt
+            req.events.decode_device_seconds += per_token * (n - n_prompt)
 
     def _append_sampled(self, result: ModelRunnerOutput, now: float) -> tuple[list[EngineCoreOutput], list[Request]]:
         outputs, finished = [], []

@@ -272,9 +272,11 @@ class LLMEngine:
         if ev is not None:
             stats = [s.spec_stats for s in parent.samples if s.spec_stats is not None]
             spec_stats = SpecDecodingStats.merged(stats) if stats else None  # a copy: the core's keeps changing
+            evs = [s.events for s in parent.samples if s.events]
             metrics = RequestMetrics(ev.arrival, ev.first_scheduled, ev.first_token, ev.last_token, ev.finished,
-                                     sum(s.events.num_preemptions for s in parent.samples if s.events),
-                                     spec_stats)
+                                     sum(e.num_preemptions for e in evs), spec_stats,
+                                     prefill_device_seconds=sum(e.prefill_device_seconds for e in evs),
+                                     decode_device_seconds=sum(e.decode_device_seconds for e in evs))
         return RequestOutput(parent.request_id, parent.prompt, parent.prompt_token_ids, outs,
                              finished=parent.finished, num_cached_tokens=parent.samples[0].num_cached_tokens,
                              metrics=metrics, prompt_logprobs=parent.prompt_logprobs)

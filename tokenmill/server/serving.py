@@ -104,7 +104,22 @@ def usage(outputs: list[RequestOutput]) -> dict:
     completion = sum(len(c.token_ids) for o in outputs for c in o.outputs)
     cached = sum(o.num_cached_tokens for o in outputs)
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
-            "prompt_tokens_details": {"cached_tokens": cached}}
+            "prompt_tokens_details": {"cached_tokens": cached}, "tokenmill": engine_usage(outputs)}
+
+
+def engine_usage(outputs: list[RequestOutput]) -> dict:
+    """tokenmill's usage extension, what a fleet in front bills and routes by: the device-seconds
+    the requests were charged (their share, by tokens, of every engine step they were in; see
+    RequestEvents) and the engine's own TTFT / TPOT (the slowest prompt's TTFT, the mean TPOT)."""
+    ms = [o.metrics for o in outputs if o.metrics is not None]
+    ttfts = [m.first_token_time - m.arrival_time for m in ms if m.first_token_time is not None]
+    n_out = [sum(len(c.token_ids) for c in o.outputs) for o in outputs if o.metrics is not None]
+    tpots = [(m.last_token_time - m.first_token_time) / (n - 1) for m, n in zip(ms, n_out)
+             if n >= 2 and m.first_token_time is not None and m.last_token_time is not None]
+    return {"prefill_device_seconds": sum(m.prefill_device_seconds for m in ms),
+            "decode_device_seconds": sum(m.decode_device_seconds for m in ms),
+            "ttft_s": max(ttfts) if ttfts else None,
+            "tpot_s": sum(tpots) / len(tpots) if tpots else None}
 
 
 def chunk(head: dict, choices: list[dict], include_usage: bool) -> str:
