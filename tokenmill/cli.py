@@ -1,4 +1,4 @@
-"""tokenmill command line: serve | generate | chat | eval | bench | sim | plan."""
+"""tokenmill command line: serve | generate | chat | eval | bench | sim | plan | fleet | ledger."""
 from __future__ import annotations
 
 import argparse
@@ -106,6 +106,9 @@ def build_parser() -> argparse.ArgumentParser:
     from tokenmill.sim.cli import add_plan_parser, add_sim_parser
     add_sim_parser(sub)
     add_plan_parser(sub)
+    from tokenmill.fleet.cli import add_fleet_parser, add_ledger_parser
+    add_fleet_parser(sub)
+    add_ledger_parser(sub)
     return parser
 
 

@@ -1,0 +1,84 @@
+"""The JSON the dashboard polls (/dashboard/data). Every total is read from the same Prometheus
+counters /metrics exports, so the page and /metrics agree; percentiles come from the recent
+samples of each SLO class; the top cost lines from the ledger (all time)."""
+from __future__ import annotations
+
+import math
+import time
+
+from prometheus_client import Metric
+
+from tokenmill.fleet.ledger_summary import request_totals
+from tokenmill.fleet.metrics import percentile
+from tokenmill.fleet.runtime import FleetRuntime
+
+TOP_LINES = 10
+
+
+def _samples(metric) -> list:
+    return [s for family in metric.collect() for s in family.samples if not s.name.endswith("_created")]
+
+
+def sum_by(metric, label: str) -> dict[str, float]:
+    """A labelled counter's totals per value of one label."""
+    out: dict[str, float] = {}
+    for s in _samples(metric):
+        out[s.labels[label]] = out.get(s.labels[label], 0.0) + s.value
+    return out
+
+
+def gauge_by(metric: Metric, label: str) -> dict[str, float]:
+    return {s.labels[label]: s.value for s in _samples(metric)}
+
+
+def _per_million(cost: float, tokens: float) -> float | None:
+    return cost / tokens * 1e6 if tokens else None
+
+
+def _clean(x: float | None) -> float | None:
+    return None if x is None or (isinstance(x, float) and math.isnan(x)) else x
+
+
+def snapshot(rt: FleetRuntime) -> dict:
+    m = rt.metrics
+    totals = {}
+    for key in ("pool", "tenant"):
+        totals[key] = {name: sum_by(metric, key) for name, metric in
+                       (("requests", m.requests), ("prompt_tokens", m.prompt_tokens),
+                        ("completion_tokens", m.gen_tokens), ("cost_usd", m.cost),
+                        ("device_seconds", m.device_seconds))}
+    gauges = {name: gauge_by(g, "pool") for name, g in
+              (("in_flight", m.in_flight), ("replicas_healthy", m.healthy), ("kv_usage", m.kv_usage),
+               ("block_fill", m.block_fill), ("prefix_hit_rate", m.prefix_hit), ("engine_waiting", m.engine_waiting),
+               ("utilization", m.utilization), ("idle_cost_usd", m.idle_cost), ("price_per_hour", m.price))}
+
+    def row(key: str, name: str) -> dict:
+        t = {k: v.get(name, 0.0) for k, v in totals[key].items()}
+        t["usd_per_1m_tokens"] = _per_million(t["cost_usd"], t["prompt_tokens"] + t["completion_tokens"])
+        return t
+
+    pools = []
+    for p in rt.pools:
+        r = {"name": p.name, "model": p.config.model, "hardware": p.config.hardware.name,
+             "cores": p.config.hardware.cores, **row("pool", p.name)}
+        r.update({k: v.get(p.name, 0.0) for k, v in gauges.items()})
+        pools.append(r)
+    shed = sum_by(m.shed, "tenant")
+    tenants = [{"name": name, "slo_class": t.slo_class, "shed": shed.get(name, 0.0), **row("tenant", name)}
+               for name, t in rt.config.tenants.items()]
+    classes = []
+    for name, c in rt.config.slo_classes.items():
+        recent = m.recent.get(name, {"ttft": [], "tpot": []})
+        ttft, tpot = list(recent["ttft"]), list(recent["tpot"])
+        classes.append({"name": name, "ttft_target_s": c.ttft_ms / 1e3 if c.ttft_ms else None,
+                        "tpot_target_s": c.tpot_ms / 1e3 if c.tpot_ms else None,
+                        "ttft_p50_s": percentile(ttft, 50), "ttft_p99_s": percentile(ttft, 99),
+                        "tpot_p50_s": percentile(tpot, 50), "tpot_p99_s": percentile(tpot, 99),
+                        "samples": len(ttft), "queue_length": rt.router.waiting[name]})
+    top = request_totals_top(rt)
+    return {"time": time.time(), "pools": pools, "tenants": tenants, "slo_classes": classes, "top_costs": top}
+
+
+def request_totals_top(rt: FleetRuntime) -> list[dict]:
+    lines = rt.ledger.run(lambda conn: request_totals(conn))[:TOP_LINES]
+    return [{k: _clean(v) for k, v in r.items()} for r in lines]
