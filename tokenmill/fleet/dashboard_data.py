@@ -60,7 +60,9 @@ def snapshot(rt: FleetRuntime) -> dict:
     pools = []
     for p in rt.pools:
         r = {"name": p.name, "model": p.config.model, "hardware": p.config.hardware.name,
-             "cores": p.config.hardware.cores, **row("pool", p.name)}
+             "cores": p.config.hardware.cores,
+             "replicas": [{"name": r.name, "url": r.url, "healthy": r.healthy} for r in p.replicas],
+             **row("pool", p.name)}
         r.update({k: v.get(p.name, 0.0) for k, v in gauges.items()})
         pools.append(r)
     shed = sum_by(m.shed, "tenant")
