@@ -8,6 +8,7 @@ interactive requests (Poisson arrivals, short prompts) and batch requests (close
 prompts and outputs). Every scenario runs the same arrival draws for --duration seconds:
 
   time-sliced   one pool per model, no pinned cores: both engines share both cores (2 threads each)
+  time-sliced-1t  the same with 1 thread per engine (the OS places them; no oversubscription)
   spatial       one pool per model, each pinned to its own core (1 thread each): the CPU analogue of MIG
   premium-only  the default model's traffic alone, on two replicas of the expensive profile ($4/h each)
   sla-routed    the same traffic on one premium replica ($4/h) + one economy replica ($0.5/h), routed by
@@ -76,6 +77,8 @@ def scenarios(small: Path) -> dict[str, tuple[list[dict], list[str]]]:
     return {
         "time-sliced": ([pool("smollm2", "default", None, 1.0, None, 2), pool("small", "small", s, 1.0, None, 2)],
                         ["default", "small"]),
+        "time-sliced-1t": ([pool("smollm2", "default", None, 1.0, None, 1), pool("small", "small", s, 1.0, None, 1)],
+                           ["default", "small"]),
         "spatial": ([pool("smollm2", "default", None, 1.0, [0], 1), pool("small", "small", s, 1.0, [1], 1)],
                     ["default", "small"]),
         "premium-only": ([{**pool("premium", "default", None, 4.0, None, 1), "replicas": 2}], ["default"]),
@@ -90,6 +93,7 @@ class Result:
     ok: bool
     ttft_s: float | None = None
     tpot_s: float | None = None
+    status: int = 0  # HTTP status; 0: no answer
 
 
 @dataclass
@@ -116,10 +120,10 @@ async def _one(client: httpx.AsyncClient, url: str, cls: str, model: str, prompt
         out.append(Result(cls, False))
         return
     if r.status_code != 200:
-        out.append(Result(cls, False))
+        out.append(Result(cls, False, status=r.status_code))
         return
     ext = r.json()["usage"]["tokenmill"]
-    out.append(Result(cls, True, ext["ttft_s"], ext["tpot_s"]))
+    out.append(Result(cls, True, ext["ttft_s"], ext["tpot_s"], 200))
 
 
 async def drive(url: str, models: list[str], t: Traffic) -> None:
@@ -200,6 +204,7 @@ def summarize(name: str, results: list[Result], elapsed: float, ledger: Path) ->
         ttft = [r.ttft_s for r in rs if r.ttft_s is not None]
         tpot = [r.tpot_s for r in rs if r.tpot_s is not None]
         out["classes"][cls] = {"requests": len(rs), "ok": sum(r.ok for r in rs),
+                               "shed_429": sum(r.status == 429 for r in rs),
                                "goodput_rps": sum(_meets(r) for r in rs) / elapsed,
                                "slo_attainment": sum(_meets(r) for r in rs) / len(rs) if rs else None,
                                "ttft_p50_s": percentile(ttft, 50), "ttft_p99_s": percentile(ttft, 99),

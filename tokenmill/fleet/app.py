@@ -11,6 +11,7 @@ Answers: 401 unknown key, 400 bad body or class, 404 unknown model, 429 + Retry-
 """
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import uuid
 from importlib import resources
@@ -135,7 +136,8 @@ def build_fleet_app(runtime: FleetRuntime, start_replicas: bool = True) -> FastA
     @app.get("/dashboard/data")
     async def data():
         runtime.update_gauges()
-        return JSONResponse(dashboard_data.snapshot(runtime))
+        # off the event loop: the ledger query waits behind the ledger's pending writes
+        return JSONResponse(await asyncio.to_thread(dashboard_data.snapshot, runtime))
 
     @app.get("/dashboard/{name}")
     async def static(name: str):
