@@ -31,7 +31,7 @@ def wheel(tmp_path_factory) -> Path:
 
 def test_wheel_holds_every_kernel_source_and_data_file(wheel):
     names = set(zipfile.ZipFile(wheel).namelist())
-    for folder in ("tokenmill/kernels/csrc", "tokenmill/data"):
+    for folder in ("tokenmill/kernels/csrc", "tokenmill/data", "tokenmill/fleet/dashboard"):
         for path in (REPO / folder).iterdir():
             if path.is_file():
                 assert f"{folder}/{path.name}" in names, f"{folder}/{path.name} is not in the wheel"
