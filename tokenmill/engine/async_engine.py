@@ -58,6 +58,14 @@ class _AbortAll:
     error: BaseException
 
 
+@dataclass
+class _Call:
+    """Run fn(engine) on the loop thread (between steps) and answer the future with its result."""
+    fn: Callable[[Any], Any]
+    future: asyncio.Future
+    loop: asyncio.AbstractEventLoop
+
+
 class RequestStream:
     """The outputs of one or more engine requests (e.g. the prompts of one API call).
 
@@ -239,6 +247,14 @@ class AsyncLLMEngine:
         async for out in stream:
             yield out
 
+    async def call(self, fn: Callable[[Any], Any]) -> Any:
+        """fn(engine) on the loop thread, between steps (sleep / wake_up); its result or exception."""
+        self._check_accepting()
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        self._submit(_Call(fn, future, loop))
+        return await future
+
     def abort(self, request_ids: str | list[str]) -> None:
         """Abort requests (thread-safe, non-blocking); their KV blocks are freed on the next turn."""
         ids = [request_ids] if isinstance(request_ids, str) else list(request_ids)
@@ -256,7 +272,7 @@ class AsyncLLMEngine:
     def _submit(self, command) -> None:
         with self._cond:
             if self._closed:  # the loop has stopped: nobody would ever answer this command
-                if isinstance(command, _Add):
+                if isinstance(command, (_Add, _Call)):
                     _set_exception(command.future, self._closed_error())
                 return
             if isinstance(command, _Add):
@@ -315,6 +331,11 @@ class AsyncLLMEngine:
                     if stream is not None and cmd.error is not None:
                         _call(stream.loop, stream._deliver, cmd.error)
                 aborted = True
+            elif isinstance(cmd, _Call):
+                try:
+                    _call(cmd.loop, _set_result, cmd.future, cmd.fn(engine))
+                except Exception as e:
+                    _call(cmd.loop, _set_exception, cmd.future, e)
             elif isinstance(cmd, _AbortAll):
                 for rid, stream in list(self._streams.items()):
                     engine.abort_request(rid)

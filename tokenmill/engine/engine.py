@@ -135,6 +135,8 @@ class LLMEngine:
                     params: SamplingParams | None = None, arrival_time: float | None = None) -> str:
         """Validate and queue one request (n samples). Raises RequestValidationError (a ValueError
         naming the field) and adds nothing when the request is invalid."""
+        if self.is_sleeping:
+            raise RuntimeError("the engine is sleeping (its KV cache is released): wake it up first")
         params = params or SamplingParams()
         request_id = request_id if request_id is not None else self.next_request_id()
         if request_id in self.parents:
@@ -300,3 +302,21 @@ class LLMEngine:
 
     def reset_prefix_cache(self) -> bool:
         return self.core.reset_prefix_cache()
+
+    # -- sleep mode -----------------------------------------------------------------------------
+    @property
+    def is_sleeping(self) -> bool:
+        return not self.runner.kv_caches
+
+    def sleep(self) -> None:
+        """vLLM's sleep mode, level 1: the weights stay in host memory, the KV cache is released
+        (and the prefix cache forgotten with it). Only an engine with no unfinished request sleeps;
+        requests added while it sleeps are refused until `wake_up()`."""
+        if self.has_unfinished_requests():
+            raise RuntimeError(f"cannot sleep: {self.get_num_unfinished_requests()} requests are unfinished")
+        self.core.reset_prefix_cache()
+        self.runner.release_kv_cache()
+        gc.collect()
+
+    def wake_up(self) -> None:
+        self.runner.allocate_kv_cache()

@@ -13,7 +13,8 @@
 A pool is one model served by `replicas` engines (`tokenmill serve` processes) with one engine
 configuration (`engine`: `tokenmill serve` flags, snake_case) on one hardware profile (a name, a
 price, and the CPU cores its engines are pinned to: without `cores` the engines share every core,
-time-sliced; with them each pool's engines run on their own cores, the CPU analogue of MIG). An SLO
+time-sliced; with them each pool's engines run on their own cores, the CPU analogue of MIG; pools
+with the same `switch_group` take turns, one awake and the others asleep: see switching.py). An SLO
 class without targets is best effort (`batch`): it waits for idle capacity and is shed first. Any
 unknown or wrong field is an error naming it (`pools.1.hardware.price_per_hour: ...`).
 """
@@ -64,6 +65,8 @@ class Pool(_Strict):
     engine: dict[str, str | int | float | bool | list[str]] = Field(default_factory=dict)
     max_concurrency: int = Field(default=8, ge=1, description="requests one replica runs at once before the "
                                                               "fleet queues more (its capacity)")
+    switch_group: str | None = Field(default=None, min_length=1, description="pools of one switch group take "
+                                     "turns on the device: one awake, the others asleep (KV cache released)")
 
     @field_validator("engine")
     @classmethod
@@ -103,6 +106,8 @@ class FleetConfig(_Strict):
     tenants: dict[str, Tenant] = Field(min_length=1)
     ledger: str = Field(default="tokenmill-ledger.sqlite", description="append-only SQLite cost ledger")
     max_queue: int = Field(default=64, ge=0, description="requests the fleet holds waiting for capacity")
+    switch_quantum_s: float = Field(default=2.0, ge=0, description="in a switch group, how long a request for a "
+                                    "sleeping pool waits before the awake pool stops taking new requests")
     idle_cost_interval_s: float = Field(default=5.0, gt=0, description="how often pool time is written to the "
                                                                         "ledger (idle cost, utilization)")
 
@@ -116,6 +121,13 @@ class FleetConfig(_Strict):
             if t.slo_class not in self.slo_classes:
                 raise ValueError(f"tenants.{tname}.slo_class: {t.slo_class!r} is not one of "
                                  f"{sorted(self.slo_classes)}")
+        groups: dict[str, list[str]] = {}
+        for p in self.pools:
+            if p.switch_group is not None:
+                groups.setdefault(p.switch_group, []).append(p.name)
+        lone = sorted(g for g, members in groups.items() if len(members) < 2)
+        if lone:
+            raise ValueError(f"pools: switch_group {lone} has a single pool; a group takes turns between 2 or more")
         keys = [t.api_key for t in self.tenants.values()]
         if len(set(keys)) != len(keys):
             raise ValueError("tenants: two tenants share an api_key")

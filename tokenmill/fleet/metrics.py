@@ -13,7 +13,9 @@
               fleet_pool_prefix_cache_hit_rate{pool} (hits / queries since start),
               fleet_pool_engine_waiting{pool}, fleet_pool_busy_seconds{pool}, fleet_pool_wall_seconds{pool},
               fleet_pool_utilization{pool} (busy / wall), fleet_pool_idle_cost_usd{pool},
-              fleet_queue_length{slo_class} (waiting in the fleet), fleet_slo_target_seconds{slo_class,metric}
+              fleet_queue_length{slo_class} (waiting in the fleet), fleet_slo_target_seconds{slo_class,metric},
+              fleet_pool_awake{pool}, fleet_switch_group_switches{group}, fleet_switch_group_switch_seconds{group}
+              (switch groups)
 """
 from __future__ import annotations
 
@@ -75,6 +77,10 @@ class FleetMetrics:
         self.idle_cost = gauge("pool_idle_cost_usd", "(wall - busy) seconds x price per hour / 3600.")
         self.queue = gauge("queue_length", "Requests waiting in the fleet for capacity.", ("slo_class",))
         self.target = gauge("slo_target_seconds", "Targets of each SLO class.", ("slo_class", "metric"))
+        self.awake = gauge("pool_awake", "1 for the awake pool of a switch group, 0 for the sleeping ones.")
+        self.switches = gauge("switch_group_switches", "Times the group switched its awake pool.", ("group",))
+        self.switch_seconds = gauge("switch_group_switch_seconds", "Seconds spent switching (sleep + wake up).",
+                                    ("group",))
         self.recent: dict[str, dict[str, deque[float]]] = {}  # slo_class -> {"ttft"|"tpot": samples}
 
     def observe_latency(self, pool: str, slo_class: str, ttft_s: float | None, tpot_s: float | None) -> None:

@@ -71,6 +71,7 @@ class Reason(str, Enum):
     QUEUE_TIMEOUT = "queue_timeout"  # best effort shed: waited its class's max_queue_s
     OVERLOADED = "overloaded"  # every pool serving the model is at its hard limit
     NO_POOL = "no_pool"  # no healthy replica serves the model
+    WAITS_FOR_SWITCH = "waits_for_switch"  # its pool sleeps in a switch group: waits for its turn
 
 
 @dataclass(frozen=True)

@@ -11,16 +11,24 @@ per request).
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import httpx
 
 from tokenmill.fleet.config import FleetConfig, Pool
 from tokenmill.fleet.policy import (Action, Decision, PoolLoad, Reason, RouterLimits, Targets, choose_pool,
                                     retry_after_s)
 from tokenmill.fleet.replica import ReplicaProcess
 
+if TYPE_CHECKING:
+    from tokenmill.fleet.switching import SwitchGroup
+
 EWMA_ALPHA = 0.2
+SWITCH_RECHECK_S = 0.25
 
 
 def _ewma(old: float | None, new: float | None) -> float | None:
@@ -87,6 +95,8 @@ class Router:
         self.waiting: Counter[str] = Counter()  # SLO class -> requests waiting in the fleet's queue
         self.decisions: Counter[tuple[str, str, str]] = Counter()  # (slo_class, pool or "", reason)
         self._changed = asyncio.Condition()
+        self.groups: dict[str, SwitchGroup] = {}  # pool name -> its switch group (set by the runtime)
+        self.client: httpx.AsyncClient | None = None  # for switching (set by the runtime)
 
     def loads(self) -> list[PoolLoad]:
         return [p.load() for p in self.pools.values()]
@@ -101,13 +111,26 @@ class Router:
         start = loop.time()
         deadline = start + self.config.slo_classes[slo_class].max_queue_s
         queued = False
+        turn: tuple[SwitchGroup, str, float] | None = None  # waiting for a sleeping pool's turn
         try:
             while True:
                 has_room = queued or self.num_waiting < self.config.max_queue
                 d = choose_pool(model, targets, self.loads(), self.limits, queue_has_room=has_room)
                 if d.action == Action.ROUTE:
-                    self._count(slo_class, d)
-                    return self._lease(d, loop.time() - start)
+                    group = self.groups.get(d.pool)
+                    if group is None or group.admits(d.pool):
+                        self._count(slo_class, d)
+                        return self._lease(d, loop.time() - start)
+                    if turn is None or turn[1] != d.pool:
+                        self._leave_turn(turn)
+                        turn = (group, d.pool, time.monotonic())
+                        group.waiting_since[d.pool].append(turn[2])
+                        self._count(slo_class, Decision(Action.WAIT, Reason.WAITS_FOR_SWITCH, d.pool))
+                    if group.can_switch() and await group.switch(self.client):
+                        await self.notify()
+                    else:
+                        await self._wait_change(SWITCH_RECHECK_S)  # the quantum may run out meanwhile
+                    continue
                 if d.action == Action.SHED:
                     self._count(slo_class, d)
                     raise Shed(d, retry_after_s(self.loads(), model))
@@ -122,6 +145,12 @@ class Router:
         finally:
             if queued:
                 self.waiting[slo_class] -= 1
+            self._leave_turn(turn)
+
+    @staticmethod
+    def _leave_turn(turn: tuple[SwitchGroup, str, float] | None) -> None:
+        if turn is not None:
+            turn[0].waiting_since[turn[1]].remove(turn[2])
 
     async def _wait_change(self, timeout: float) -> bool:
         if timeout <= 0:

@@ -22,6 +22,7 @@ from tokenmill.fleet.metrics import FleetMetrics
 from tokenmill.fleet.policy import Decision
 from tokenmill.fleet.replica import ReplicaProcess
 from tokenmill.fleet.router import Lease, PoolRuntime, Router
+from tokenmill.fleet.switching import SwitchGroup
 
 logger = logging.getLogger(__name__)
 BUSY = "tokenmill:engine_busy_seconds_total"
@@ -69,6 +70,7 @@ class FleetRuntime:
         self.ledger = Ledger(ledger_path or config.ledger)
         self.client = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=10.0),
                                         limits=httpx.Limits(max_connections=1000, max_keepalive_connections=100))
+        self.groups = self._switch_groups()
         self._clocks: dict[str, _Clock] = {}
         self._wall: dict[str, float] = {}  # replica -> wall seconds billed since the fleet started
         self._busy: dict[str, float] = {}
@@ -83,6 +85,16 @@ class FleetRuntime:
         for p in self.pools:
             self.metrics.price.labels(p.name).set(p.config.hardware.price_per_hour * p.config.replicas)
 
+    def _switch_groups(self) -> list[SwitchGroup]:
+        members: dict[str, list[PoolRuntime]] = {}
+        for p in self.pools:
+            if p.config.switch_group is not None:
+                members.setdefault(p.config.switch_group, []).append(p)
+        groups = [SwitchGroup(name, pools, self.config.switch_quantum_s) for name, pools in members.items()]
+        self.router.groups = {p.name: g for g in groups for p in g.pools.values()}
+        self.router.client = self.client
+        return groups
+
     def replicas(self) -> list[ReplicaProcess]:
         return [r for p in self.pools for r in p.replicas]
 
@@ -94,6 +106,8 @@ class FleetRuntime:
         except Exception:
             self.stop_replicas()
             raise
+        for g in self.groups:
+            await g.sleep_all_but_first(self.client)
         for r in self.replicas():
             await r.scrape(self.client)
             self._clocks[r.name] = _Clock(time.monotonic(), r.metrics[BUSY])
@@ -136,6 +150,11 @@ class FleetRuntime:
             m.idle_cost.labels(p.name).set(max(0.0, wall - busy) * p.config.hardware.price_per_hour / 3600)
         for cls in self.config.slo_classes:
             m.queue.labels(cls).set(self.router.waiting[cls])
+        for g in self.groups:
+            m.switches.labels(g.name).set(g.switches)
+            m.switch_seconds.labels(g.name).set(g.switch_seconds)
+            for name in g.pools:
+                m.awake.labels(name).set(1.0 if name == g.awake else 0.0)
 
     async def bill_pool_time(self) -> None:
         """One pool_time row per replica for the time since its last row (scrapes first)."""

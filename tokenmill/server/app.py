@@ -158,6 +158,31 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
             {"id": name, "object": "model", "created": state.started_at, "owned_by": "tokenmill", "root": root,
              "max_model_len": state.engine.max_model_len} for name in state.served_model_names]}
 
+    # sleep mode, as vLLM's dev endpoints: a fleet switching models on one device drains an
+    # engine, puts it to sleep (KV cache released, weights kept) and wakes another
+    @app.post("/sleep")
+    async def sleep():
+        return await _sleep_call(lambda engine: engine.sleep())
+
+    @app.post("/wake_up")
+    async def wake_up():
+        return await _sleep_call(lambda engine: engine.wake_up())
+
+    @app.get("/is_sleeping")
+    async def is_sleeping():
+        return {"is_sleeping": bool(state.engine is not None and state.engine.engine.is_sleeping)}
+
+    async def _sleep_call(fn):
+        err = state.unavailable()
+        if err is not None:
+            raise err
+        try:
+            await state.engine.call(fn)
+        except RuntimeError as e:  # unfinished requests: say so, the caller drains first
+            return JSONResponse({"error": {"message": str(e), "type": "invalid_request_error", "code": "busy",
+                                           "param": None}}, status_code=409)
+        return {"is_sleeping": state.engine.engine.is_sleeping}
+
     @app.get("/health")
     async def health():
         status, body = state.health()

@@ -79,6 +79,7 @@ class PromptRows:
 class ModelRunner:
     def __init__(self, config: TokenmillConfig) -> None:
         model, cache, device = config.model, config.cache, config.device
+        self.config = config
         self.threads = ThreadController(device.num_threads, device.adaptive_threads)
         logger.info("model threads: %d (%s%s)", device.num_threads, device.threads_reason,
                     "; fewer while other processes keep these cores busy" if device.adaptive_threads else "")
@@ -121,6 +122,18 @@ class ModelRunner:
         logger.info("KV cache (%s): %d blocks x %d tokens = %d tokens, %.0f bytes/token, %.2f GiB",
                     cache.kv_cache_dtype, cache.num_blocks, cache.block_size, cache.capacity_tokens,
                     cache.bytes_per_token, cache.capacity_tokens * cache.bytes_per_token / (1 << 30))
+
+    # -- sleep mode (vLLM's level 1: weights stay in host memory, the KV cache is released) ------
+    def release_kv_cache(self) -> None:
+        """The engine calls this with no unfinished request (records left here are finished ones
+        the next SchedulerOutput will name)."""
+        self.kv_caches.clear()  # in place: a speculative proposer's Target shares this list
+
+    def allocate_kv_cache(self) -> None:
+        if not self.kv_caches:
+            cfg = self.config
+            self.kv_caches.extend(get_model_class(cfg.model.arch.architecture).allocate_kv_caches(
+                cfg.model.arch, cfg.cache.kv_cache_dtype, self.dtype, cfg.cache.block_size, cfg.cache.num_blocks))
 
     # -- Executor -------------------------------------------------------------------------------
     @torch.inference_mode()
