@@ -70,8 +70,14 @@ def fleet(tiny_llama, tmp_path_factory) -> Fleet:
     earlier.record_request(RequestEntry(time.time() - 3600, "earlier-1", "default", "premium", "premium-0",
                                         "big-cpu", "acme", "interactive", "ok", 10, 5, 0, 0.5, 0.5, 4.0))
     earlier.close()
+    yield from run_fleet(fleet_config(tiny_llama, ledger_path), tmp)
+
+
+def run_fleet(config: dict, tmp: Path):
+    """Start `tokenmill fleet` on `config`, yield a Fleet once /health is 200, stop it after."""
+    ledger_path = Path(config["ledger"])
     cfg = tmp / "fleet.yaml"
-    cfg.write_text(yaml.safe_dump(fleet_config(tiny_llama, ledger_path)))
+    cfg.write_text(yaml.safe_dump(config))
     port = free_port()
     log = tmp / "fleet.log"
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))

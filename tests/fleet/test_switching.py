@@ -99,3 +99,46 @@ def test_a_group_of_one_is_refused():
         parse_fleet_config({"pools": [{"name": "a", "model": "a", "switch_group": "solo",
                                        "hardware": {"name": "cpu", "price_per_hour": 1.0}}],
                             "slo_classes": {"c": {}}, "tenants": {"t": {"api_key": "K", "slo_class": "c"}}})
+
+
+def test_live_switch_group_takes_turns(tiny_llama, tmp_path):
+    """Two tiny-model pools in one switch group behind a real fleet: requests alternate between the
+    models, each served after a switch; the sleeping replica says so on /is_sleeping."""
+    from conftest import TINY_CHAT_TEMPLATE, run_fleet
+    from test_fleet_e2e import series
+    engine = {"dtype": "float32", "kv_cache_memory_gb": 0.02, "num_threads": 1, "chat_template": TINY_CHAT_TEMPLATE}
+    config = {"pools": [{"name": f"p{i}", "model": f"t{i}", "path": str(tiny_llama), "switch_group": "dev",
+                         "hardware": {"name": "cpu", "price_per_hour": 1.0}, "engine": engine} for i in (1, 2)],
+              "slo_classes": {"interactive": {"ttft_ms": 5000}},
+              "tenants": {"acme": {"api_key": "KEY_A", "slo_class": "interactive"}},
+              "ledger": str(tmp_path / "ledger.sqlite"), "switch_quantum_s": 0.2}
+    gen = run_fleet(config, tmp_path)
+    fleet = next(gen)
+    try:
+        async def traffic():
+            async with httpx.AsyncClient(base_url=fleet.url, headers={"Authorization": "Bearer KEY_A"},
+                                         timeout=60) as c:
+                rs = await asyncio.gather(*(c.post("/v1/completions", json={"model": m, "prompt": f"hi {i}",
+                                                                            "max_tokens": 3})
+                                            for i, m in enumerate(["t1", "t2"] * 4)))
+                return [(r.status_code, r.headers.get("x-tokenmill-pool")) for r in rs]
+        got = asyncio.run(traffic())
+        assert sorted(got) == [(200, "p1")] * 4 + [(200, "p2")] * 4
+        text = fleet.metrics()
+        assert series(text, "tokenmill:fleet_switch_group_switches", group="dev") >= 1
+        assert series(text, "tokenmill:fleet_pool_awake") == 1.0
+        data = fleet.data()
+        sleeping = [httpx.get(r["url"] + "/is_sleeping").json()["is_sleeping"]
+                    for p in data["pools"] for r in p["replicas"]]
+        assert sorted(sleeping) == [False, True]
+    finally:
+        next(gen, None)
+
+
+def test_each_turn_lasts_a_quantum_however_long_the_others_waited():
+    """No thrashing: requests that waited through the previous turn do not cut the new one short."""
+    _, group, _ = _setup(quantum_s=1.0)
+    group.awake, group.awake_since = "b", 100.0
+    group.waiting_since["a"].append(50.0)  # waited 50 s through a's drain and the switch
+    assert group.admits("b", now=100.5)
+    assert not group.admits("b", now=101.0)

@@ -10,12 +10,16 @@ prompts and outputs). Every scenario runs the same arrival draws for --duration 
   time-sliced   one pool per model, no pinned cores: both engines share both cores (2 threads each)
   time-sliced-1t  the same with 1 thread per engine (the OS places them; no oversubscription)
   spatial       one pool per model, each pinned to its own core (1 thread each): the CPU analogue of MIG
+  switching     one pool per model in one switch group: one engine awake at a time with both cores
+                (2 threads), the other asleep (KV cache released, weights in host memory); turns after
+                a 1 s quantum
   premium-only  the default model's traffic alone, on two replicas of the expensive profile ($4/h each)
   sla-routed    the same traffic on one premium replica ($4/h) + one economy replica ($0.5/h), routed by
                 SLO class (batch takes idle capacity on the cheapest pool)
 
 Reported per scenario and SLO class: goodput (requests per second finishing within the class's
-targets; batch: finished), p50/p99 TTFT and TPOT (the engines' own), and $/1M tokens from the
+targets; batch: finished), p50/p99 TTFT and TPOT as the client sees them (streamed; the fleet's
+queue and model switches included), and $/1M tokens from the
 fleet's ledger: billed (device-seconds x price) and all-in (wall time x price of every replica,
 idle included). On this CPU both hardware profiles are the same silicon: the profiles differ in
 price only, so the premium-vs-routed difference is the routing's, not the hardware's.
@@ -81,6 +85,8 @@ def scenarios(small: Path) -> dict[str, tuple[list[dict], list[str]]]:
                            ["default", "small"]),
         "spatial": ([pool("smollm2", "default", None, 1.0, [0], 1), pool("small", "small", s, 1.0, [1], 1)],
                     ["default", "small"]),
+        "switching": ([{**pool("smollm2", "default", None, 1.0, None, 2), "switch_group": "device"},
+                       {**pool("small", "small", s, 1.0, None, 2), "switch_group": "device"}], ["default", "small"]),
         "premium-only": ([{**pool("premium", "default", None, 4.0, None, 1), "replicas": 2}], ["default"]),
         "sla-routed": ([pool("premium", "default", None, 4.0, [0], 1), pool("economy", "default", None, 0.5, [1], 1)],
                        ["default"]),
@@ -112,18 +118,36 @@ def _prompt(rng: random.Random, words: int) -> str:
 
 async def _one(client: httpx.AsyncClient, url: str, cls: str, model: str, prompt: str, max_tokens: int,
                out: list[Result]) -> None:
+    """One streamed request; TTFT and TPOT as the client sees them (fleet queue and switches included)."""
+    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True, "temperature": 0,
+            "stream": True, "stream_options": {"include_usage": True}}
+    start = time.monotonic()
+    first = last = None
+    n_out = 0
     try:
-        r = await client.post(url + "/v1/completions", headers={"Authorization": f"Bearer {KEYS[cls]}"},
-                              json={"model": model, "prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True,
-                                    "temperature": 0})
+        async with client.stream("POST", url + "/v1/completions", json=body,
+                                 headers={"Authorization": f"Bearer {KEYS[cls]}"}) as r:
+            if r.status_code != 200:
+                await r.aread()
+                out.append(Result(cls, False, status=r.status_code))
+                return
+            async for line in r.aiter_lines():
+                if not line.startswith("data: {"):
+                    continue
+                event = json.loads(line[6:])
+                if event.get("choices"):
+                    last = time.monotonic()
+                    first = first or last
+                if event.get("usage"):
+                    n_out = event["usage"]["completion_tokens"]
     except httpx.HTTPError:
         out.append(Result(cls, False))
         return
-    if r.status_code != 200:
-        out.append(Result(cls, False, status=r.status_code))
+    if first is None:
+        out.append(Result(cls, False, status=200))
         return
-    ext = r.json()["usage"]["tokenmill"]
-    out.append(Result(cls, True, ext["ttft_s"], ext["tpot_s"], 200))
+    tpot = (last - first) / (n_out - 1) if n_out >= 2 else None
+    out.append(Result(cls, True, first - start, tpot, 200))
 
 
 async def drive(url: str, models: list[str], t: Traffic) -> None:
@@ -164,7 +188,7 @@ def run_scenario(name: str, pools: list[dict], models: list[str], args: argparse
     cfg = {"pools": pools, "slo_classes": {"interactive": INTERACTIVE, "batch": {"max_queue_s": 600}},
            "tenants": {"app": {"api_key": KEYS["interactive"], "slo_class": "interactive"},
                        "jobs": {"api_key": KEYS["batch"], "slo_class": "batch"}},
-           "ledger": str(ledger), "idle_cost_interval_s": 1.0, "max_queue": 1000}
+           "ledger": str(ledger), "idle_cost_interval_s": 1.0, "max_queue": 1000, "switch_quantum_s": 1.0}
     (work / f"{name}.yaml").write_text(yaml.safe_dump(cfg))
     port = 20000 + random.randrange(20000)
     url = f"http://127.0.0.1:{port}"
@@ -245,7 +269,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--duration", type=float, default=30.0, help="seconds of traffic per scenario")
     p.add_argument("--interactive-rate", type=float, default=1.0, help="interactive requests/s per model")
     p.add_argument("--batch-clients", type=int, default=3, help="closed-loop batch clients per model")
-    p.add_argument("--scenarios", default="time-sliced,spatial,premium-only,sla-routed")
+    p.add_argument("--scenarios", default="time-sliced,time-sliced-1t,spatial,switching,premium-only,sla-routed")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--work-dir", default=None)
     p.add_argument("--out-json", default=None)

@@ -6,7 +6,8 @@ the time, but only one of them is awake: the others' engines sleep (vLLM's sleep
 KV cache released). A request for a sleeping pool waits; once the awake pool has nothing in flight
 the group puts it to sleep (`POST /sleep` on its replicas) and wakes the pool that has waited
 longest (`POST /wake_up`). So the awake pool is not held forever by a steady stream, it stops
-taking new requests once another pool has waited `quantum_s`, and drains.
+taking new requests once another pool has waited `quantum_s` (counted from when the awake pool
+woke up, so each turn lasts at least a quantum), and drains.
 """
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ class SwitchGroup:
         self.quantum_s = quantum_s
         self.waiting_since: dict[str, list[float]] = {p.name: [] for p in pools}  # arrival times of waiters
         self.switching = False
+        self.awake_since = time.monotonic()  # a waiter's quantum counts from here at the earliest
         self.switches = 0
         self.switch_seconds = 0.0
 
@@ -37,7 +39,7 @@ class SwitchGroup:
         if self.switching or pool != self.awake:
             return False
         now = time.monotonic() if now is None else now
-        return not any(waits and now - min(waits) >= self.quantum_s
+        return not any(waits and now - max(min(waits), self.awake_since) >= self.quantum_s
                        for name, waits in self.waiting_since.items() if name != pool)
 
     def next_pool(self) -> str | None:
@@ -67,6 +69,7 @@ class SwitchGroup:
             logger.info("switch group %s: %s asleep, %s awake (%.3f s)", self.name, self.awake, target,
                         time.monotonic() - start)
             self.awake = target
+            self.awake_since = time.monotonic()
             self.switches += 1
             self.switch_seconds += time.monotonic() - start
             return True
