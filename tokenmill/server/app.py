@@ -1,7 +1,8 @@
 """The OpenAI-compatible HTTP app: `build_app` and its routes.
 
 Routes: POST /v1/completions, POST /v1/chat/completions (JSON or SSE with `stream`), GET /v1/models,
-POST /tokenize and /detokenize (vLLM's),
+POST /tokenize and /detokenize (vLLM's), POST /sleep, POST /wake_up, GET /is_sleeping (vLLM's sleep
+mode: the KV cache released, weights kept; 409 while requests are unfinished),
 GET /health (503 while loading, shutting down, or after the engine loop died), GET /metrics
 (Prometheus text). Every error is an OpenAI error body {"error": {message, type, param, code}}.
 Serving the process (`run_server`, `main`, SIGTERM) is in launch.py.
