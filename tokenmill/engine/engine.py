@@ -15,6 +15,7 @@ from tokenmill.core.engine_core import EngineCore
 from tokenmill.core.kv_cache_manager import KVCacheManager
 from tokenmill.core.outputs import EngineCoreOutput, IterationStats, PromptLogprobs, SampledLogprobs
 from tokenmill.engine.detokenizer import DetokState, IncrementalDetokenizer
+from tokenmill.engine.errors import EngineSleepingError
 from tokenmill.engine.resolve import resolve_config
 from tokenmill.engine.tokenizer import load_tokenizer
 from tokenmill.engine.validation import RequestValidationError, check_request, check_structured_outputs
@@ -136,7 +137,7 @@ class LLMEngine:
         """Validate and queue one request (n samples). Raises RequestValidationError (a ValueError
         naming the field) and adds nothing when the request is invalid."""
         if self.is_sleeping:
-            raise RuntimeError("the engine is sleeping (its KV cache is released): wake it up first")
+            raise EngineSleepingError("the engine is sleeping (its KV cache is released): POST /wake_up first")
         params = params or SamplingParams()
         request_id = request_id if request_id is not None else self.next_request_id()
         if request_id in self.parents:

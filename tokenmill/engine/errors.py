@@ -24,3 +24,7 @@ class RequestFailedError(RuntimeError):
     def __init__(self, request_id: str) -> None:
         super().__init__(f"request {request_id} failed inside the engine step")
         self.request_id = request_id
+
+
+class EngineSleepingError(RuntimeError):
+    """The engine sleeps (sleep mode: its KV cache is released) until it is woken up."""

@@ -16,7 +16,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.types import Send
 
-from tokenmill.engine.errors import EngineDeadError, EngineShutdownError, QueueFullError, RequestFailedError
+from tokenmill.engine.errors import (EngineDeadError, EngineShutdownError, EngineSleepingError, QueueFullError,
+                                     RequestFailedError)
 from tokenmill.server.protocol import error_body
 
 logger = logging.getLogger("tokenmill.server")
@@ -70,6 +71,8 @@ def engine_error(e: BaseException, aliases: dict[str, str] | None = None) -> API
                              "(details in the server log)", "server_error", None, "request_failed")
     if isinstance(e, EngineShutdownError):
         return APIError(503, str(e), "service_unavailable", None, "shutting_down")
+    if isinstance(e, EngineSleepingError):
+        return APIError(503, str(e), "service_unavailable", None, "engine_sleeping", {"Retry-After": "1"})
     if isinstance(e, ValueError):
         param = getattr(e, "param", None)  # RequestValidationError names its field
         param = (aliases or {}).get(param, param) if param else param_of(str(e), aliases)
