@@ -5,8 +5,9 @@ Each pool keeps, per replica, the requests the fleet has in flight there, and re
 TPOT and service time from finished requests (the engine's own TTFT/TPOT from the response's usage
 extension). `Router.admit` asks the pure policy (`policy.choose_pool`) with a snapshot of every
 pool; a best-effort request told to wait sleeps until a request finishes anywhere, then asks again,
-until its class's max_queue_s (then 429). Every decision is counted with its reason (a wait once
-per request).
+until its class's max_queue_s (then 429). A request routed to a sleeping pool of a switch group
+waits for that pool's turn, switching the group itself once the awake pool has drained
+(switching.py). Every decision is counted with its reason (a wait once per request).
 """
 from __future__ import annotations
 
