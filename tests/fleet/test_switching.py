@@ -104,7 +104,8 @@ def test_a_group_of_one_is_refused():
 def test_live_switch_group_takes_turns(tiny_llama, tmp_path):
     """Two tiny-model pools in one switch group behind a real fleet: requests alternate between the
     models, each served after a switch; the sleeping replica says so on /is_sleeping."""
-    from conftest import TINY_CHAT_TEMPLATE, run_fleet
+    from e2e_helpers import TINY_CHAT_TEMPLATE
+    from fleet_helpers import run_fleet
     from test_fleet_e2e import series
     engine = {"dtype": "float32", "kv_cache_memory_gb": 0.02, "num_threads": 1, "chat_template": TINY_CHAT_TEMPLATE}
     config = {"pools": [{"name": f"p{i}", "model": f"t{i}", "path": str(tiny_llama), "switch_group": "dev",

@@ -29,7 +29,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 # flags the fleet sets itself for every replica
-RESERVED_ENGINE_FLAGS = {"model", "host", "port", "served_model_name", "price_per_hour", "api_key"}
+RESERVED_ENGINE_FLAGS = {"model", "host", "port", "served_model_name", "price_per_hour", "api_key", "enable_sleep_mode"}
 
 
 class _Strict(BaseModel):

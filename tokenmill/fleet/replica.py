@@ -85,6 +85,8 @@ class ReplicaProcess:
         args += replica_argv(engine)
         args += ["--served-model-name", p.model, "--price-per-hour", str(p.hardware.price_per_hour),
                  "--host", "127.0.0.1", "--port", str(self.port), "--disable-access-log", "--public-metrics"]
+        if p.switch_group is not None:
+            args.append("--enable-sleep-mode")
         return args
 
     def start(self) -> None:

@@ -1,8 +1,8 @@
 """The OpenAI-compatible HTTP app: `build_app` and its routes.
 
 Routes: POST /v1/completions, POST /v1/chat/completions (JSON or SSE with `stream`), GET /v1/models,
-POST /tokenize and /detokenize (vLLM's), POST /sleep, POST /wake_up, GET /is_sleeping (vLLM's sleep
-mode: the KV cache released, weights kept; 409 while requests are unfinished),
+POST /tokenize and /detokenize (vLLM's), with --enable-sleep-mode POST /sleep, POST /wake_up, GET
+/is_sleeping (vLLM's sleep mode: the KV cache released, weights kept; 409 while requests are unfinished),
 GET /health (503 while loading, shutting down, or after the engine loop died), GET /metrics
 (Prometheus text). Every error is an OpenAI error body {"error": {message, type, param, code}}.
 Serving the process (`run_server`, `main`, SIGTERM) is in launch.py.
@@ -47,7 +47,8 @@ def build_app(engine_client: EngineSource, *,
               max_request_header_bytes: int = cli_args.DEFAULT_MAX_REQUEST_HEADER_BYTES,
               public_metrics: bool = False, allowed_origins: list[str] | None = None,
               log_prompts: bool = False,
-              max_engine_restarts: int = cli_args.DEFAULT_MAX_ENGINE_RESTARTS) -> FastAPI:
+              max_engine_restarts: int = cli_args.DEFAULT_MAX_ENGINE_RESTARTS,
+              enable_sleep_mode: bool = False) -> FastAPI:
     """The app over an engine: an AsyncLLMEngine, an LLMEngine (wrapped here), or a zero-argument
     callable that builds an LLMEngine; the callable runs in a background thread at startup while
     /health answers 503 "loading"."""
@@ -64,6 +65,8 @@ def build_app(engine_client: EngineSource, *,
                            expose_headers=["X-Request-Id", "Retry-After"])
     add_exception_handlers(app)
     _add_routes(app, state)
+    if enable_sleep_mode:
+        _add_sleep_routes(app, state)
     install_openapi(app, [CompletionRequest, ChatCompletionRequest, TokenizeRequest, DetokenizeRequest])
     return app
 
@@ -159,8 +162,22 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
             {"id": name, "object": "model", "created": state.started_at, "owned_by": "tokenmill", "root": root,
              "max_model_len": state.engine.max_model_len} for name in state.served_model_names]}
 
-    # sleep mode, as vLLM's dev endpoints: a fleet switching models on one device drains an
-    # engine, puts it to sleep (KV cache released, weights kept) and wakes another
+    @app.get("/health")
+    async def health():
+        status, body = state.health()
+        return JSONResponse(body, status_code=status)
+
+    @app.get("/metrics")
+    async def metrics():
+        if state.stat_logger is not None and state.engine is not None:
+            state.stat_logger.observe_tables(*state.engine.table_sizes())
+        data = state.stat_logger.exposition() if state.stat_logger is not None else b""
+        return Response(data, media_type=CONTENT_TYPE)
+
+
+def _add_sleep_routes(app: FastAPI, state: ServerState) -> None:
+    """vLLM's sleep-mode endpoints (with --enable-sleep-mode): a fleet switching models on one
+    device drains an engine, puts it to sleep (KV cache released, weights kept) and wakes another."""
     @app.post("/sleep")
     async def sleep():
         return await _sleep_call(lambda engine: engine.sleep())
@@ -183,18 +200,6 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
             return JSONResponse({"error": {"message": str(e), "type": "invalid_request_error", "code": "busy",
                                            "param": None}}, status_code=409)
         return {"is_sleeping": state.engine.engine.is_sleeping}
-
-    @app.get("/health")
-    async def health():
-        status, body = state.health()
-        return JSONResponse(body, status_code=status)
-
-    @app.get("/metrics")
-    async def metrics():
-        if state.stat_logger is not None and state.engine is not None:
-            state.stat_logger.observe_tables(*state.engine.table_sizes())
-        data = state.stat_logger.exposition() if state.stat_logger is not None else b""
-        return Response(data, media_type=CONTENT_TYPE)
 
 
 def __getattr__(name: str):

@@ -69,6 +69,9 @@ def add_serve_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     srv.add_argument("--max-engine-restarts", type=int, default=DEFAULT_MAX_ENGINE_RESTARTS,
                      help="if the engine loop dies, fail its in-flight requests (503 engine_dead) and build a fresh "
                           "engine, at most this many times; then /health stays 503 (default: %(default)s)")
+    srv.add_argument("--enable-sleep-mode", action="store_true",
+                     help="serve POST /sleep, POST /wake_up and GET /is_sleeping (vLLM's sleep mode: the KV cache "
+                          "released, weights kept), for a fleet switching models on one device")
     srv.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"),
                      help="server log level (default: %(default)s)")
     srv.add_argument("--disable-access-log", action="store_true", help="do not log every HTTP request")

@@ -86,7 +86,7 @@ def run_server(args: argparse.Namespace) -> int:
                     log_stats=not getattr(args, "disable_log_stats", False),
                     max_request_header_bytes=args.max_request_header_bytes, public_metrics=args.public_metrics,
                     allowed_origins=args.allowed_origins, log_prompts=args.log_prompts,
-                    max_engine_restarts=args.max_engine_restarts)
+                    max_engine_restarts=args.max_engine_restarts, enable_sleep_mode=args.enable_sleep_mode)
     state: ServerState = app.state.tokenmill
     uv_config = uvicorn.Config(app, host=args.host, port=args.port, log_level=level, lifespan="on",
                                log_config=tm_logger.uvicorn_log_config(level),
