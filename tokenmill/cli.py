@@ -1,4 +1,4 @@
-"""tokenmill command line: serve | generate | chat | eval | bench | sim | plan."""
+"""tokenmill command line: serve | generate | chat | eval | bench | sim | plan | router."""
 from __future__ import annotations
 
 import argparse
@@ -106,6 +106,8 @@ def build_parser() -> argparse.ArgumentParser:
     from tokenmill.sim.cli import add_plan_parser, add_sim_parser
     add_sim_parser(sub)
     add_plan_parser(sub)
+    from tokenmill.disagg.router import add_router_parser
+    add_router_parser(sub)
     return parser
 
 

@@ -158,6 +158,20 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
             {"id": name, "object": "model", "created": state.started_at, "owned_by": "tokenmill", "root": root,
              "max_model_len": state.engine.max_model_len} for name in state.served_model_names]}
 
+    @app.get("/v1/kv/events")
+    async def kv_events(since: int = 0):
+        """Block hashes this engine's prefix cache stored and evicted since `since` (a KV-aware
+        router's view of the cache; see tokenmill/core/kv_events.py), with the role and what a
+        router needs to hash prompts the same way (block size, hash key)."""
+        err = state.unavailable()
+        if err is not None:
+            raise err
+        engine = state.engine.engine
+        batch = engine.core.kv.pool.events.since(since)
+        return {"seq": batch.seq, "reset": batch.reset, "stored": [h.hex() for h in batch.stored],
+                "removed": [h.hex() for h in batch.removed], "block_size": engine.config.cache.block_size,
+                "hash_key": engine.config.cache.block_hash_key, "role": engine.config.kv_role}
+
     @app.get("/health")
     async def health():
         status, body = state.health()
