@@ -94,12 +94,13 @@ class KVCacheManager:
         num_computed = request.num_computed_tokens + len(computed_blocks) * self.block_size
         total = num_computed + num_new_tokens + num_lookahead_tokens
         needed = cdiv(total, self.block_size) - len(owned) - len(computed_blocks)
+        computed_blocks = self._visible(computed_blocks, len(owned), num_computed)
         # Cached blocks with ref 0 sit in the free queue: adopting them uses free capacity too.
-        reviving = sum(1 for b in computed_blocks if b.ref_cnt == 0)
+        reviving = sum(1 for b in computed_blocks if b.ref_cnt == 0 and b is not NULL_BLOCK)
         reserve = self.watermark_blocks if admit else 0
         if needed + reviving > self.pool.num_free_blocks - reserve:
             return False
-        self.pool.touch(computed_blocks)
+        self.pool.touch([b for b in computed_blocks if b is not NULL_BLOCK])
         blocks = self.req_blocks.setdefault(request.request_id, owned)
         blocks.extend(computed_blocks)
         if needed > 0:
@@ -109,6 +110,16 @@ class KVCacheManager:
             # an adopted prefix longer than the window: keep only what the next token can see
             self.free_outside_window(request, num_computed)
         return True
+
+    def _visible(self, computed_blocks: list[KVBlock], first_index: int, next_position: int) -> list[KVBlock]:
+        """An adopted prefix longer than the window: the blocks no future token sees are never
+        taken (NULL_BLOCK holds their places), so they cost no free capacity — counting them made a
+        long cached prompt unadmittable in a pool smaller than the prompt."""
+        if self.sliding_window is None or not computed_blocks:
+            return computed_blocks
+        hidden = max(0, next_position - self.sliding_window + 1) // self.block_size - first_index
+        hidden = min(max(0, hidden), len(computed_blocks))
+        return [NULL_BLOCK] * hidden + computed_blocks[hidden:]
 
     def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
         """The KV of the first num_computed_tokens tokens is written (a step computed it, or a
