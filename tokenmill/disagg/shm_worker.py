@@ -17,8 +17,6 @@ import logging
 import time
 from typing import Any
 
-import torch
-
 from tokenmill.disagg.connector import KVConnectorMetadata, KVConnectorOutput, LoadSpec, SaveSpec, TransferRecord
 from tokenmill.disagg.shm_region import SLOTS, KVRegion, RemoteRegion, block_bytes_of, block_checksums, byte_rows, flat_tensors
 
@@ -74,10 +72,10 @@ class ShmConnectorWorker:
             raise _Failure("bad_params", f"{len(remote_ids)} remote blocks for {len(load.local_block_ids)} local")
         if region.lease[slot] != tid:
             raise _Failure("lease_expired", "the sender no longer holds these blocks")
-        src = torch.tensor(remote_ids, dtype=torch.long)
-        dst = torch.tensor(load.local_block_ids, dtype=torch.long)
+        runs = block_runs(remote_ids, load.local_block_ids)
         for mine, theirs in zip(self.rows, region.rows):
-            mine.index_copy_(0, dst, theirs.index_select(0, src))
+            for s, d, n in runs:  # one memcpy per run of consecutive blocks on both sides
+                mine[d:d + n].copy_(theirs[s:s + n])
         if region.lease[slot] != tid:  # released during the copy: the blocks may have been reused
             raise _Failure("lease_expired", "the sender released the blocks during the copy")
         region.ack[slot] = tid  # the sender may free them now, whatever our checksums say
@@ -150,6 +148,17 @@ class ShmConnectorWorker:
     def close(self) -> None:
         if self.region is not None:
             self.region.close()
+
+
+def block_runs(src: list[int], dst: list[int]) -> list[tuple[int, int, int]]:
+    """(src start, dst start, length) of the runs where both block id lists go up by one."""
+    runs: list[tuple[int, int, int]] = []
+    for s, d in zip(src, dst):
+        if runs and runs[-1][0] + runs[-1][2] == s and runs[-1][1] + runs[-1][2] == d:
+            runs[-1] = (runs[-1][0], runs[-1][1], runs[-1][2] + 1)
+        else:
+            runs.append((s, d, 1))
+    return runs
 
 
 class _Failure(Exception):
