@@ -10,7 +10,7 @@ separate process on any core):
 Workloads (the serving harness, `tokenmill bench serve`, against the router):
   long-short-mix  a quarter of prompts ~1536 tokens, the rest ~128; 64 output tokens
   bursty          ~512-token prompts, 64 output tokens, gamma arrivals with CV 4
-each at the given request rates, the same seed (arrivals and prompts) in every repeat. Per run: TTFT / TPOT p50 and p99, goodput under the SLO, failed
+each at the given request rates after a warm-up of 6 requests per workload, the same seed (arrivals and prompts) in every repeat. Per run: TTFT / TPOT p50 and p99, goodput under the SLO, failed
 requests, and from the engines' /metrics the requests handed over, KV bytes and transfer time per
 hand-over, recomputes. Writes results.json and report.md into --out.
 """
@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -125,12 +126,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--slo-tpot-ms", type=int, default=100)
     ap.add_argument("--setups", default="colocated,1P+1D")
     args = ap.parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the engines on the way out
     args.out.mkdir(parents=True, exist_ok=True)
     rates = [float(r) for r in args.rates.split(",")]
     rows = []
     for setup in args.setups.split(","):
         engines, router, roles = start_setup(setup, args.out, args.min_remote_prefill_tokens)
         try:
+            for workload in WORKLOADS:  # warm-up (first-use allocations, oneDNN primitives): not reported
+                run_bench(router, workload, float("inf"), 6, 99, (args.slo_ttft_ms, args.slo_tpot_ms),
+                          args.out / f"warmup_{setup}_{workload}".replace("+", ""))
             for rep in range(args.repeats):
                 for workload in WORKLOADS:
                     for rate in rates:

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 SLOTS = 4096
+REGION_PREFIX = "tokenmill-kv-"  # a receiver attaches no other shared memory
 _ALIGN = 64
 _CONTROL_BYTES = 2 * SLOTS * 8
 
@@ -73,7 +74,7 @@ class KVRegion:
         self.num_blocks = num_blocks
         self.block_bytes = block_bytes_of(tensors, num_blocks)
         offsets, size = tensor_offsets(num_blocks, self.block_bytes)
-        self.name = f"tokenmill-kv-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self.name = f"{REGION_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.shm = shared_memory.SharedMemory(name=self.name, create=True, size=size)
         self.control = np.ndarray((2, SLOTS), np.int64, buffer=self.shm.buf, offset=0)
         self.control[:] = 0

@@ -18,7 +18,7 @@ import time
 from typing import Any
 
 from tokenmill.disagg.connector import KVConnectorMetadata, KVConnectorOutput, LoadSpec, SaveSpec, TransferRecord
-from tokenmill.disagg.shm_region import SLOTS, KVRegion, RemoteRegion, block_bytes_of, block_checksums, byte_rows, flat_tensors
+from tokenmill.disagg.shm_region import REGION_PREFIX, SLOTS, KVRegion, RemoteRegion, block_bytes_of, block_checksums, byte_rows, flat_tensors
 
 logger = logging.getLogger(__name__)
 
@@ -87,6 +87,8 @@ class ShmConnectorWorker:
 
     def _attach(self, p: dict[str, Any]) -> RemoteRegion:
         name = p["remote_region"]
+        if not isinstance(name, str) or not name.startswith(REGION_PREFIX):
+            raise _Failure("bad_params", f"remote_region must name a tokenmill KV region, got {name!r}")
         region = self._attached.get(name)
         if region is None:
             if list(p.get("block_bytes", [])) != self.block_bytes:
