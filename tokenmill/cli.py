@@ -1,4 +1,4 @@
-"""tokenmill command line: serve | generate | chat | eval | bench | sim | plan | router."""
+"""tokenmill command line: serve | generate | chat | eval | bench | sim | plan | router | cluster."""
 from __future__ import annotations
 
 import argparse
@@ -108,6 +108,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_plan_parser(sub)
     from tokenmill.disagg.router import add_router_parser
     add_router_parser(sub)
+    from tokenmill.disagg.cluster import add_cluster_parser
+    add_cluster_parser(sub)
     return parser
 
 

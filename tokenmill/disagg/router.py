@@ -13,6 +13,7 @@ goes to the next one; one that dies mid-stream ends the stream with an OpenAI er
 """
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import logging
@@ -21,12 +22,13 @@ from typing import Any
 
 import httpx
 from fastapi import FastAPI
-from prometheus_client import CollectorRegistry, Counter, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from tokenmill.disagg.instances import InstanceMonitor
+from tokenmill.disagg.planner import Decision, Planner, PlannerConfig, pick_mover
 from tokenmill.disagg.policy import InstanceState, RouterConfig, plan_route, prompt_block_hashes
 
 logger = logging.getLogger("tokenmill.router")
@@ -59,6 +61,36 @@ class Router:
                                "(the request went to another).", registry=self.registry)
         self.errors = Counter("tokenmill:router_errors", "Requests that ended in an error from the router.",
                               registry=self.registry)
+        self.planner: Planner | None = None
+        self.role_changes = Counter("tokenmill:planner_role_changes", "Instances the planner moved, by new role.",
+                                    ["to"], registry=self.registry)
+        self.pool_size = Gauge("tokenmill:planner_instances", "Instances per pool.", ["role"], registry=self.registry)
+        self.pressure = Gauge("tokenmill:planner_pressure", "Mean requests waiting per instance, per pool, at the "
+                              "planner's last decision.", ["role"], registry=self.registry)
+        self.decisions: list[dict] = []  # the planner's moves (bounded), for /router/state
+
+    def enable_planner(self, cfg: PlannerConfig) -> None:
+        self.planner = Planner(cfg)
+
+    def plan(self) -> Decision | None:
+        """One planner interval: decide, move at most one instance, log and export why."""
+        if self.planner is None:
+            return None
+        d = self.planner.step(self.prefills, self.decodes)
+        self.pressure.labels("prefill").set(d.prefill_pressure)
+        self.pressure.labels("decode").set(d.decode_pressure)
+        if d.move:
+            src, dst, role = ((self.decodes, self.prefills, "prefill") if d.move > 0 else
+                              (self.prefills, self.decodes, "decode"))
+            inst = src.pop(pick_mover(src))
+            inst.role = role
+            dst.append(inst)
+            self.role_changes.labels(role).inc()
+            self.decisions = (self.decisions + [{"instance": inst.url, "to": role, "reason": d.reason}])[-100:]
+            logger.info("planner: %s becomes %s: %s", inst.url, role, d.reason)
+        self.pool_size.labels("prefill").set(len(self.prefills))
+        self.pool_size.labels("decode").set(len(self.decodes))
+        return d
 
     # -- request path ---------------------------------------------------------------------------
     async def handle(self, path: str, body: dict[str, Any]) -> Response:
@@ -166,6 +198,15 @@ class Router:
             await upstream.aclose()
 
 
+async def _plan_forever(router: Router) -> None:
+    while True:
+        await asyncio.sleep(router.planner.cfg.interval_s)
+        try:
+            router.plan()
+        except Exception:  # a planner bug must not stop routing
+            logger.exception("planner step failed")
+
+
 def _single(body: dict) -> bool:
     """One prompt, one sample: what a hand-over can serve."""
     return body.get("n", 1) == 1 and not body.get("echo") and body.get("prompt_logprobs") is None
@@ -176,9 +217,12 @@ def build_router_app(router: Router) -> FastAPI:
     async def lifespan(app: FastAPI):
         await router.monitor.refresh()
         router.monitor.start()
+        planner = asyncio.create_task(_plan_forever(router)) if router.planner is not None else None
         try:
             yield
         finally:
+            if planner is not None:
+                planner.cancel()
             await router.monitor.stop()
             await router.client.aclose()
 
@@ -219,6 +263,10 @@ def build_router_app(router: Router) -> FastAPI:
     async def state():
         return [{"url": i.url, "role": i.role, "healthy": i.healthy, "queue": i.queue, "kv_usage": i.kv_usage,
                  "cached_blocks": len(i.cached)} for i in router.prefills + router.decodes]
+
+    @app.get("/router/planner")
+    async def planner_log():
+        return {"enabled": router.planner is not None, "moves": router.decisions}
 
     @app.get("/metrics")
     async def metrics():
