@@ -7,6 +7,7 @@ thread. The log keeps the last `max_events` events; a reader that fell further b
 """
 from __future__ import annotations
 
+import itertools
 import threading
 from collections import deque
 from dataclasses import dataclass, field
@@ -53,7 +54,6 @@ class KVEventLog:
             if seq < self._epoch_start or seq + 1 < oldest or seq > self._seq or seq == 0:
                 return KVEventBatch(self._seq, True, list(self._live))
             out = KVEventBatch(self._seq, False)
-            for s, is_store, h in self._events:
-                if s > seq:
-                    (out.stored if is_store else out.removed).append(h)
+            for _, is_store, h in itertools.islice(self._events, seq + 1 - oldest, None):  # seqs are consecutive
+                (out.stored if is_store else out.removed).append(h)
             return out

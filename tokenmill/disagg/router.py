@@ -208,8 +208,9 @@ async def _plan_forever(router: Router) -> None:
 
 
 def _single(body: dict) -> bool:
-    """One prompt, one sample: what a hand-over can serve."""
-    return body.get("n", 1) == 1 and not body.get("echo") and body.get("prompt_logprobs") is None
+    """One prompt, one sample, no logprobs: what a hand-over can serve."""
+    return (body.get("n", 1) == 1 and not body.get("echo") and body.get("prompt_logprobs") is None
+            and body.get("logprobs") in (None, False))  # the first token's logprobs would stay on the prefill side
 
 
 def build_router_app(router: Router) -> FastAPI:
