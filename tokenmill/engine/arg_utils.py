@@ -7,7 +7,8 @@ import json
 import dataclasses
 import re
 
-from tokenmill.config import ATTENTION_BACKENDS, DTYPES, KV_CACHE_DTYPES, KV_ROLES, QUANTIZATIONS, EngineConfig
+from tokenmill.config import (ATTENTION_BACKENDS, DTYPES, KV_CACHE_DTYPES, KV_CONNECTORS, KV_ROLES, QUANTIZATIONS,
+                              EngineConfig)
 
 _ENGINE_DEFAULTS = {f.name: f.default for f in dataclasses.fields(EngineConfig)}
 
@@ -16,7 +17,7 @@ ENGINE_FLAGS = ("dtype", "max_model_len", "block_size", "kv_cache_memory_gb", "n
                 "quantization", "quant_group_size",
                 "enable_prefix_caching", "max_num_batched_tokens", "max_num_seqs",
                 "long_prefill_token_threshold", "attention_backend", "seed", "num_threads", "tokenizer",
-                "speculative_config", "kv_role", "kv_transfer_timeout_s")
+                "speculative_config", "kv_role", "kv_transfer_timeout_s", "kv_connector")
 
 
 def json_object(text: str) -> dict:
@@ -117,6 +118,9 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                      default=d["kv_transfer_timeout_s"],
                      help="role prefill: seconds a handed-over request's blocks stay held for the decode engine "
                           "before they are freed (default: %(default)s)")
+    eng.add_argument("--kv-connector", choices=KV_CONNECTORS, default=d["kv_connector"],
+                     help="how KV moves between prefill and decode engines: shm (shared memory, one machine), "
+                          "nixl (NIXL over UCX, pull model; pip install 'tokenmill[nixl]') (default: %(default)s)")
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict:

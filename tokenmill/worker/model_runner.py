@@ -100,9 +100,10 @@ class ModelRunner:
                                                 cache.num_blocks)
         self.kv_connector = None  # the KV connector's worker half (prefill/decode roles)
         if config.kv_role != "both":
-            from tokenmill.disagg.shm_worker import ShmConnectorWorker
-            self.kv_connector = ShmConnectorWorker(config.kv_role, self.kv_caches, cache.num_blocks)
-            self.kv_caches = self.kv_connector.kv_caches  # a prefill engine's now live in shared memory
+            from tokenmill.disagg.workers import make_connector_worker
+            self.kv_connector = make_connector_worker(config.kv_connector, config.kv_role, self.kv_caches,
+                                                      cache.num_blocks)
+            self.kv_caches = self.kv_connector.kv_caches  # shm: a prefill engine's now live in shared memory
         self.kv_bytes_per_token = cache.bytes_per_token
         self.sampler = Sampler(model.arch.vocab_size)
         self.structured = StructuredDecoding(str(model.tokenizer), model.arch.vocab_size)
