@@ -14,7 +14,7 @@ from tokenmill.core.clock import ManualClock
 from tokenmill.core.engine_core import EngineCore
 from tokenmill.core.kv_cache_manager import KVCacheManager
 from tokenmill.core.scheduler import SchedulerConfig
-from tokenmill.disagg.shm_scheduler import ShmConnectorScheduler
+from tokenmill.disagg.handover_scheduler import HandoverConnectorScheduler
 from tokenmill.request import Request, RequestStatus
 from tokenmill.sampling_params import SamplingParams
 
@@ -27,7 +27,7 @@ class Engine:
     def __init__(self, role: str | None, region: FakeRegion, clock: ManualClock, corrupt: bool = False,
                  timeout_s: float = 10.0) -> None:
         self.executor = SlotExecutor(BLOCKS, BS)
-        conn = ShmConnectorScheduler(BS, KEY, timeout_s) if role else None
+        conn = HandoverConnectorScheduler(BS, KEY, timeout_s) if role else None
         if role:
             self.executor.worker = FakeWorker(region, self.executor, clock, corrupt)
         self.kv = KVCacheManager(BLOCKS, BS)
@@ -69,7 +69,7 @@ PROMPT = list(range(1, 23))  # 22 tokens: 5 full blocks and a partial one
 
 
 def test_core_and_connector_scheduler_import_no_torch():
-    code = ("import sys, tokenmill.core.engine_core, tokenmill.disagg.connector, tokenmill.disagg.shm_scheduler, "
+    code = ("import sys, tokenmill.core.engine_core, tokenmill.disagg.connector, tokenmill.disagg.handover_scheduler, "
             "tokenmill.disagg.policy; bad = [m for m in ('torch', 'numpy') if m in sys.modules]; assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True)
 

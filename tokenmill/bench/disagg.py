@@ -10,7 +10,9 @@ separate process on any core):
 Workloads (the serving harness, `tokenmill bench serve`, against the router):
   long-short-mix  a quarter of prompts ~1536 tokens, the rest ~128; 64 output tokens
   bursty          ~512-token prompts, 64 output tokens, gamma arrivals with CV 4
-each at the given request rates after a warm-up of 6 requests per workload, the same seed (arrivals and prompts) in every repeat. Per run: TTFT / TPOT p50 and p99, goodput under the SLO, failed
+each at the given request rates after a warm-up of 6 requests per workload. Every run has its own
+seed (prompts and arrivals), so no run finds another's prompts in the prefix cache; both setups
+get the same seeds. Per run: TTFT / TPOT p50 and p99, goodput under the SLO, failed
 requests, and from the engines' /metrics the requests handed over, KV bytes and transfer time per
 hand-over, recomputes. Writes results.json and report.md into --out.
 """
@@ -137,11 +139,11 @@ def main(argv: list[str] | None = None) -> int:
                 run_bench(router, workload, float("inf"), 6, 99, (args.slo_ttft_ms, args.slo_tpot_ms),
                           args.out / f"warmup_{setup}_{workload}".replace("+", ""))
             for rep in range(args.repeats):
-                for workload in WORKLOADS:
-                    for rate in rates:
+                for wi, workload in enumerate(WORKLOADS):
+                    for ri, rate in enumerate(rates):
                         before = {e.url: scrape(e.url) for e in engines} | {"router": scrape(router.url)}
                         tag = f"{setup}_{workload}_r{rate:g}_{rep}".replace("+", "")
-                        s = run_bench(router, workload, rate, args.num_requests, 0, (args.slo_ttft_ms,
+                        s = run_bench(router, workload, rate, args.num_requests, 1 + 100 * wi + 10 * ri + rep, (args.slo_ttft_ms,
                                                                                       args.slo_tpot_ms),
                                       args.out / tag)
                         time.sleep(1.0)  # let held blocks be acked before reading the counters

@@ -173,7 +173,7 @@ class EngineCore:
     def _adopt_first_tokens(self, loaded: list[Request], now: float, outputs: list[EngineCoreOutput],
                             finished: list[Request]) -> None:
         """Requests whose prompt KV arrived from a prefill engine take the token it sampled as
-        their first (see tokenmill/disagg/shm_scheduler.py)."""
+        their first (see tokenmill/disagg/handover_scheduler.py)."""
         for req in loaded:
             token = int(req.params.kv_transfer_params["first_token_id"])
             req.append_token(token, now)

@@ -106,8 +106,8 @@ class LLMEngine:
         """The KV connector's scheduler half for a prefill or decode role (None: role both)."""
         if cfg.kv_role == "both":
             return None
-        from tokenmill.disagg.shm_scheduler import ShmConnectorScheduler
-        return ShmConnectorScheduler(cfg.cache.block_size, cfg.cache.block_hash_key, cfg.kv_transfer_timeout_s)
+        from tokenmill.disagg.handover_scheduler import HandoverConnectorScheduler
+        return HandoverConnectorScheduler(cfg.cache.block_size, cfg.cache.block_hash_key, cfg.kv_transfer_timeout_s)
 
     # -- facts ----------------------------------------------------------------------------------
     @property

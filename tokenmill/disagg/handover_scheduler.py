@@ -1,4 +1,5 @@
-"""The scheduler half of the shared-memory connector (torch-free: it sees requests and block ids).
+"""The scheduler half shared by the shm and nixl connectors (torch-free: it sees requests and block
+ids; what moves the bytes is the worker half, tokenmill/disagg/workers.py).
 
 Prefill side: a request with {"do_remote_decode": true} is saved in the step that completes its
 prompt (a SaveSpec: the KV of every prompt token); at finish its blocks stay held (delayed
@@ -32,7 +33,7 @@ def prompt_hash(token_ids: list[int]) -> str:
     return hashlib.sha256(",".join(map(str, token_ids)).encode()).hexdigest()[:32]
 
 
-class ShmConnectorScheduler:
+class HandoverConnectorScheduler:
     def __init__(self, block_size: int, hash_key: str, timeout_s: float) -> None:
         self.block_size = block_size
         self.hash_key = hash_key
