@@ -82,6 +82,32 @@ def test_draft_model_drafts_are_its_greedy_continuation(tiny_llama, other_tiny, 
         assert drafts == _greedy(hf, ids, len(drafts), None)
 
 
+def test_a_quantized_draft_drafts_as_that_quantized_model_and_the_output_stays_the_targets(
+        tiny_llama, other_tiny, monkeypatch):
+    """speculative_config.quantization: the draft runs int8 blocks while the target stays float32;
+    its drafts are exactly the greedy continuation of the same int8 model run as an engine of its
+    own, and the target's greedy output is unchanged by them."""
+    from tokenmill.quant.blocks import BlockLinearMethod
+    monkeypatch.setattr(DraftLength, "_best", lambda self: self.k_max)
+    llm = LLM(str(tiny_llama), dtype="float32", num_kv_blocks=64, block_size=4,
+              speculative_config={"method": "draft_model", "model": str(other_tiny), "quantization": "int8",
+                                  "num_speculative_tokens": 3})
+    draft = llm.llm_engine.runner.proposer.model
+    assert isinstance(draft.layers[0].mlp.down_proj.quant_method, BlockLinearMethod)
+    assert not isinstance(llm.llm_engine.runner.model.layers[0].mlp.down_proj.quant_method, BlockLinearMethod)
+    calls = _recorded_drafts(llm)
+    assert len(calls) >= 6
+    reference = LLM(str(other_tiny), dtype="float32", quantization="int8", num_kv_blocks=64, block_size=4)
+    for ids, drafts in calls:
+        params = SamplingParams(max_tokens=len(drafts), temperature=0, ignore_eos=True)
+        out = reference.generate([{"prompt_token_ids": ids}], params, use_tqdm=False)[0]
+        assert drafts == list(out.outputs[0].token_ids)
+    params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+    plain = LLM(str(tiny_llama), dtype="float32", num_kv_blocks=64, block_size=4)
+    assert ([o.outputs[0].token_ids for o in llm.generate(PROMPTS, params, use_tqdm=False)]
+            == [o.outputs[0].token_ids for o in plain.generate(PROMPTS, params, use_tqdm=False)])
+
+
 def test_draft_model_kv_shares_the_memory_budget(tiny_llama):
     plain = LLM(str(tiny_llama), dtype="float32", kv_cache_memory_gb=0.01, block_size=4)
     spec = LLM(str(tiny_llama), dtype="float32", kv_cache_memory_gb=0.01, block_size=4,
@@ -100,6 +126,13 @@ def test_speculative_config_fields_are_checked(tiny_llama, tmp_path):
         SpeculativeConfig(method="ngram", model=str(tiny_llama))
     with pytest.raises(ValueError, match="speculative_config.num_draft_layers applies to method layer_skip only"):
         SpeculativeConfig(method="ngram", num_draft_layers=2)
+    with pytest.raises(ValueError, match="speculative_config.quantization applies to method draft_model only"):
+        SpeculativeConfig(method="ngram", quantization="int8")
+    with pytest.raises(ValueError, match="speculative_config.quantization must be one of gguf, none, int8"):
+        SpeculativeConfig(method="draft_model", model=str(tiny_llama), quantization="int3")
+    with pytest.raises(ValueError, match=r"speculative_config \(the draft model\): quantization='gguf'"):
+        LLM(str(tiny_llama), dtype="float32", num_kv_blocks=16,
+            speculative_config={"method": "draft_model", "model": str(tiny_llama), "quantization": "gguf"})
     with pytest.raises(ValueError, match="speculative_config.model path does not exist"):
         SpeculativeConfig(method="draft_model", model=str(tmp_path / "nothing"))
     with pytest.raises(ValueError, match="speculative_config.num_draft_layers must be < the model's 2 layers"):

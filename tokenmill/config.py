@@ -137,7 +137,9 @@ class SpeculativeConfig:
       request's last n tokens, n from prompt_lookup_max down to prompt_lookup_min.
     - `layer_skip` (self-speculative): the target's own first `num_draft_layers` layers, its final
       norm and LM head draft greedily (None: resolved per model, docs/BENCHMARKS.md).
-    - `draft_model`: `model` (an HF folder or .gguf with the target's tokenizer) drafts greedily.
+    - `draft_model`: `model` (an HF folder or .gguf with the target's tokenizer) drafts greedily;
+      `quantization` is the draft's weight format (as the engine's: None = the file's own, so a
+      .gguf draft keeps its quantized blocks while the target runs in float).
 
     Speculation pauses while more than `disable_by_batch_size` requests decode at once (the step
     is compute-bound there, and verifying drafts costs more than it saves)."""
@@ -148,6 +150,7 @@ class SpeculativeConfig:
     disable_by_batch_size: int = 16  # measured crossover on a 2-core CPU: docs/BENCHMARKS.md
     num_draft_layers: int | None = None  # layer_skip only
     model: str | None = None  # draft_model only
+    quantization: str | None = None  # draft_model only: the draft's weight format
 
     def __post_init__(self) -> None:
         _choice("speculative_config.method", self.method, SPEC_METHODS)
@@ -164,8 +167,18 @@ class SpeculativeConfig:
         if (self.model is not None) != (self.method == "draft_model"):
             raise ValueError("speculative_config.model (a Hugging Face folder or .gguf file) is required for method "
                              f"draft_model and allowed only there; method {self.method!r}, model {self.model!r}")
+        if self.quantization is not None:
+            if self.method != "draft_model":
+                raise ValueError(f"speculative_config.quantization applies to method draft_model only, not "
+                                 f"{self.method!r}")
+            _choice("speculative_config.quantization", self.quantization, QUANTIZATIONS)
         if self.model is not None and not os.path.exists(self.model):
             raise ValueError(f"speculative_config.model path does not exist: {self.model!r}")
+        if self.quantization is not None:
+            if self.method != "draft_model":
+                raise ValueError(f"speculative_config.quantization applies to method draft_model only, not "
+                                 f"{self.method!r}")
+            _choice("speculative_config.quantization", self.quantization, QUANTIZATIONS)
 
     @property
     def drafts_with_a_model(self) -> bool:

@@ -30,71 +30,21 @@ import random
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 
 import httpx
 
-from tokenmill.bench.reliability_probe import (
-    ServerProcess,
-    histogram_share_within,
-    linear_slope,
-    scrape,
-    wait_idle,
-)
-
-PROMPTS = [f"Story {k}: once upon a time, in a small village by the sea," for k in range(8)]
-GREEDY = {"temperature": 0, "ignore_eos": True}
-
-
-@dataclass
-class Row:
-    test: str
-    sent: int = 0
-    completed: int = 0
-    shed: int = 0  # 429
-    server_errors: int = 0  # 5xx
-    dropped: int = 0  # clients that left on purpose
-    wrong: int = 0  # completed with the wrong text or an unexpected status
-    leaked_blocks: float = 0.0
-    rss_start_mb: float = 0.0
-    rss_end_mb: float = 0.0
-    recovery_s: float | None = None
-    notes: dict = field(default_factory=dict)
-    failures: list[str] = field(default_factory=list)
-
-    def check(self, ok: bool, what: str) -> None:
-        if not ok:
-            self.failures.append(what)
-
-
-def _client(url: str, n: int) -> httpx.AsyncClient:
-    # no keep-alive: a pooled connection the server closes as idle while the client reuses it is a
-    # client-side race (httpx ReadError), not what these runs measure
-    limits = httpx.Limits(max_connections=n + 8, max_keepalive_connections=0)
-    return httpx.AsyncClient(base_url=url, timeout=600, limits=limits)
-
-
-async def _text(c: httpx.AsyncClient, prompt: str, max_tokens: int) -> str:
-    r = await c.post("/v1/completions", json={"prompt": prompt, "max_tokens": max_tokens, **GREEDY})
-    r.raise_for_status()
-    return r.json()["choices"][0]["text"]
-
-
-async def _finish(row: Row, srv: ServerProcess, c: httpx.AsyncClient, timeout: float = 120) -> None:
-    recovery, m = await wait_idle(c, timeout)
-    row.recovery_s = None if recovery is None else round(recovery, 3)
-    row.leaked_blocks = m.get("tokenmill:kv_cache_used_blocks", 0.0)
-    row.check(recovery is not None, f"not idle {timeout} s after the load: {m}")
-    row.rss_end_mb = round(srv.resources()["rss_mb"], 1)
-
+from tokenmill.bench.reliability_common import GREEDY, PROMPTS, Row, client, finish, greedy_text
+from tokenmill.bench.reliability_probe import ServerProcess, histogram_share_within, scrape
+from tokenmill.bench.reliability_soak import soak
 
 # -- storm ----------------------------------------------------------------------------------------
 async def storm(srv: ServerProcess, requests: int, concurrency: int, max_tokens: int, seed: int) -> Row:
     row = Row("disconnect storm")
     rng = random.Random(seed)
-    async with _client(srv.url, concurrency) as c:
-        reference = {p: await _text(c, p, max_tokens) for p in PROMPTS}
+    async with client(srv.url, concurrency) as c:
+        reference = {p: await greedy_text(c, p, max_tokens) for p in PROMPTS}
         row.rss_start_mb = round(srv.resources()["rss_mb"], 1)
         sem = asyncio.Semaphore(concurrency)
         reasons: dict[str, int] = {}
@@ -140,7 +90,7 @@ async def storm(srv: ServerProcess, requests: int, concurrency: int, max_tokens:
                     reasons[why] = reasons.get(why, 0) + 1
 
         await asyncio.gather(*(one(i) for i in range(requests)))
-        await _finish(row, srv, c)
+        await finish(row, srv, c)
     row.check(row.wrong == 0 and row.server_errors == 0, f"{row.wrong} wrong, {row.server_errors} 5xx")
     row.check(row.completed + row.dropped == requests, "some requests neither completed nor dropped")
     row.check(row.leaked_blocks == 0, f"{row.leaked_blocks} KV blocks leaked")
@@ -154,7 +104,7 @@ async def overload(srv: ServerProcess, duration: float, max_num_seqs: int, max_w
     row = Row("overload 3x")
     body = {"prompt": PROMPTS[0], "max_tokens": max_tokens, **GREEDY}
     clients = 3 * (max_num_seqs + max_waiting)
-    async with _client(srv.url, clients) as c:
+    async with client(srv.url, clients) as c:
         await c.post("/v1/completions", json=body)  # warm-up
         t0 = time.monotonic()
         await asyncio.gather(*(c.post("/v1/completions", json=body) for _ in range(max_num_seqs)))
@@ -165,7 +115,7 @@ async def overload(srv: ServerProcess, duration: float, max_num_seqs: int, max_w
         max_seen_waiting, rss_max, retry_after_missing = 0.0, row.rss_start_mb, 0
         end = time.monotonic() + duration
 
-        async def client() -> None:
+        async def one_client() -> None:
             nonlocal retry_after_missing
             while time.monotonic() < end:
                 row.sent += 1
@@ -191,10 +141,10 @@ async def overload(srv: ServerProcess, duration: float, max_num_seqs: int, max_w
                 await asyncio.sleep(0.25)
 
         e2e_before = await histogram_share_within(c, "tokenmill:e2e_request_latency_seconds", bound)
-        await asyncio.gather(sampler(), *(client() for _ in range(clients)))
+        await asyncio.gather(sampler(), *(one_client() for _ in range(clients)))
         stop = time.monotonic()
         e2e_after = await histogram_share_within(c, "tokenmill:e2e_request_latency_seconds", bound)
-        await _finish(row, srv, c)
+        await finish(row, srv, c)
         probe = await c.post("/v1/completions", json=body)
         row.recovery_s = round(time.monotonic() - stop, 3)
         row.check(probe.status_code == 200, f"no recovery: {probe.status_code}")
@@ -226,11 +176,11 @@ async def pressure(srv: ServerProcess, requests: int, max_tokens: int, stall_s: 
     short = [f"Hi {k}." for k in range(4)]
     long = [" ".join(PROMPTS[:3]) + f" Chapter {k}." for k in range(4)]
     prompts = [(long if i % 2 else short)[(i // 2) % 4] for i in range(requests)]
-    async with _client(srv.url, requests) as c:
-        reference = {p: await _text(c, p, max_tokens) for p in set(prompts)}  # one at a time: no pressure
+    async with client(srv.url, requests) as c:
+        reference = {p: await greedy_text(c, p, max_tokens) for p in set(prompts)}  # one at a time: no pressure
         row.rss_start_mb = round(srv.resources()["rss_mb"], 1)
         before = await scrape(c)
-        tasks = [asyncio.ensure_future(_text(c, p, max_tokens)) for p in prompts]
+        tasks = [asyncio.ensure_future(greedy_text(c, p, max_tokens)) for p in prompts]
         row.sent = len(tasks)
         last_tokens, last_change = before.get("tokenmill:generation_tokens_total", 0.0), time.monotonic()
         while not all(t.done() for t in tasks):  # the progress watchdog
@@ -255,75 +205,11 @@ async def pressure(srv: ServerProcess, requests: int, max_tokens: int, stall_s: 
             else:
                 row.wrong += 1
         after = await scrape(c)
-        await _finish(row, srv, c)
+        await finish(row, srv, c)
     preemptions = after.get("tokenmill:num_preemptions_total", 0.0) - before.get("tokenmill:num_preemptions_total", 0.0)
     row.notes = {"preemptions": preemptions, "max_tokens": max_tokens}
     row.check(row.completed == requests, f"{row.wrong} of {requests} wrong or failed")
     row.check(preemptions > 0, "no preemption: the KV budget did not press")
-    row.check(row.leaked_blocks == 0, f"{row.leaked_blocks} KV blocks leaked")
-    return row
-
-
-# -- soak -----------------------------------------------------------------------------------------
-async def soak(srv: ServerProcess, duration: float, sample_interval: float, concurrency: int,
-               max_tokens: int, seed: int) -> Row:
-    row = Row(f"soak {duration:.0f} s")
-    rng = random.Random(seed)
-    samples: list[dict] = []
-    async with _client(srv.url, concurrency) as c:
-        await _text(c, PROMPTS[0], max_tokens)  # warm-up
-        end = time.monotonic() + duration
-
-        async def client() -> None:
-            while time.monotonic() < end:
-                kind = rng.choice(["plain", "stream", "chat", "drop", "invalid"])
-                row.sent += 1
-                body = {"prompt": rng.choice(PROMPTS), "max_tokens": rng.randint(1, max_tokens), **GREEDY}
-                if kind == "chat":
-                    r = await c.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "Hi"}],
-                                                                   "max_tokens": body["max_tokens"]})
-                elif kind == "invalid":
-                    r = await c.post("/v1/completions", json={**body, "temperature": -1})
-                    row.completed += r.status_code == 400
-                    row.wrong += r.status_code != 400
-                    continue
-                elif kind in ("stream", "drop"):
-                    async with c.stream("POST", "/v1/completions", json={**body, "stream": True}) as r:
-                        async for line in r.aiter_lines():
-                            if kind == "drop" and line.startswith("data: {"):
-                                row.dropped += 1
-                                break
-                    if kind == "drop":
-                        continue
-                else:
-                    r = await c.post("/v1/completions", json=body)
-                row.completed += r.status_code == 200
-                row.server_errors += r.status_code >= 500
-                row.wrong += r.status_code not in (200, *range(500, 600))
-
-        async def sampler() -> None:
-            t0 = time.monotonic()
-            while True:
-                m = await scrape(c)
-                samples.append({"t_s": round(time.monotonic() - t0, 1), **srv.resources(),
-                                "kv_usage": m.get("tokenmill:kv_cache_usage_perc", 0.0)})
-                if time.monotonic() >= end:
-                    return
-                await asyncio.sleep(min(sample_interval, max(0.0, end - time.monotonic())))
-
-        await asyncio.gather(sampler(), *(client() for _ in range(concurrency)))
-        await _finish(row, srv, c)
-    row.rss_start_mb = round(samples[0]["rss_mb"], 1)
-    steady = samples[1:] if len(samples) > 2 else samples  # the first minute warms caches up
-    ts = [s["t_s"] for s in steady]
-    slopes = {k: linear_slope(ts, [s[k] for s in steady]) * 60 for k in ("rss_mb", "fds", "threads")}
-    growth_mb = slopes["rss_mb"] / 60 * duration
-    row.notes = {"samples": samples, "per_minute": {k: round(v, 3) for k, v in slopes.items()},
-                 "concurrency": concurrency}
-    row.check(growth_mb <= max(0.05 * row.rss_start_mb, 32), f"RSS trend +{growth_mb:.1f} MiB over the run")
-    row.check(samples[-1]["fds"] <= samples[0]["fds"] + 8, "open file descriptors grew")
-    row.check(samples[-1]["threads"] <= samples[0]["threads"] + 4, "threads grew")
-    row.check(row.server_errors == 0 and row.wrong == 0, f"{row.server_errors} 5xx, {row.wrong} wrong")
     row.check(row.leaked_blocks == 0, f"{row.leaked_blocks} KV blocks leaked")
     return row
 

@@ -10,7 +10,9 @@ Workloads:
   repetition to exploit, so speculation must cost (almost) nothing.
 
 Configurations: `off` and one per method in --method (ngram, layer_skip, draft_model); layer_skip
-once per value of --num-draft-layers (comma-separated); draft_model drafts with --draft-model.
+once per value of --num-draft-layers (comma-separated); draft_model drafts with --draft-model (its
+weights in --draft-quantization; e.g. the default model's own GGUF, kept quantized, drafting for
+the same model in float: `--quantization none --draft-model <the .gguf>`).
 For each batch size (requests submitted at once; --groups successive groups of that many), each
 configuration runs the same requests (greedy: the outputs must be identical), rounds alternated,
 best of `--rounds`. Reported: mean TPOT over requests (ms), output tok/s, acceptance rate
@@ -113,7 +115,8 @@ def spec_configs(args: argparse.Namespace) -> dict[str, dict | None]:
         elif method == "draft_model":
             if not args.draft_model:
                 raise SystemExit("--method draft_model needs --draft-model (an HF folder or .gguf)")
-            configs["draft_model"] = {"method": method, "model": args.draft_model, **base}
+            quant = {"quantization": args.draft_quantization} if args.draft_quantization else {}
+            configs["draft_model"] = {"method": method, "model": args.draft_model, **base, **quant}
         else:
             configs[method] = {"method": method, **base}
     if args.control:
@@ -134,7 +137,8 @@ def run(args: argparse.Namespace) -> int:
     from tokenmill import LLM
     from tokenmill.bench.offline import machine
     batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
-    common = dict(dtype=args.dtype, max_num_seqs=max(batch_sizes), kv_cache_memory_gb=args.kv_cache_memory_gb)
+    common = dict(dtype=args.dtype, quantization=args.quantization, max_num_seqs=max(batch_sizes),
+                  kv_cache_memory_gb=args.kv_cache_memory_gb)
     configs = spec_configs(args)
     engines = {"off": LLM(args.model, **common)}
     engines.update({name: LLM(args.model, speculative_config=cfg, **common) for name, cfg in configs.items()})
@@ -183,6 +187,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--num-draft-layers", default=None,
                    help="layer_skip: comma-separated values, one configuration each (default: the engine's)")
     p.add_argument("--draft-model", default=None, help="draft_model: an HF folder or .gguf with the same tokenizer")
+    p.add_argument("--quantization", default=None, help="the target's weight format (default: the model file's own)")
+    p.add_argument("--draft-quantization", default=None,
+                   help="draft_model's weight format (default: its file's own, e.g. gguf blocks for a .gguf)")
     p.add_argument("--kv-cache-memory-gb", type=float, default=1.0)
     p.add_argument("--control", action="store_true", help="add off2: speculation off, engine built last")
     p.add_argument("--max-tokens", type=int, default=200)

@@ -42,11 +42,12 @@ def resolve_config(cfg: EngineConfig) -> TokenmillConfig:
 
 
 def resolve_model_folder(model: str | None) -> Path:
-    return _resolve_source(model)[0]
+    return resolve_source(model)[0]
 
 
-def _resolve_source(model: str | None) -> tuple[Path, Path | None]:
-    """(Hugging Face folder, the .gguf it was converted from or None)."""
+def resolve_source(model: str | None) -> tuple[Path, Path | None]:
+    """(Hugging Face folder, the .gguf it was converted from or None). A .gguf is converted once
+    (cached), so calling this again for the same file is cheap."""
     if model is None:
         from tokenmill.models.default_model import find_default_gguf
         model = str(find_default_gguf())
@@ -87,7 +88,7 @@ def _arch_from_hf(hf: dict) -> ModelConfig:
 
 
 def resolve_model(cfg: EngineConfig) -> ModelSpec:
-    folder, gguf_file = _resolve_source(cfg.model)
+    folder, gguf_file = resolve_source(cfg.model)
     hf = read_hf_config(folder)
     arch = _arch_from_hf(hf)
     dtype = resolve_dtype(cfg.dtype)

@@ -1,6 +1,7 @@
-"""A separate draft model (same tokenizer as the target) drafts greedily with its own paged KV
-cache: its own per-layer tensors, sized for its layers and heads, addressed by the target's block
-ids (same block size and count). It runs every flat batch the target runs, at the same slots, so
+"""A separate draft model (same tokenizer as the target), in its own weight format (a .gguf draft
+keeps its quantized blocks: a quantized copy of the target is a cheap draft with high acceptance),
+drafts greedily with its own paged KV cache: its own per-layer tensors, sized for its layers and
+heads, addressed by the target's block ids (same block size and count). It runs every flat batch the target runs, at the same slots, so
 its cache holds exactly the positions the target's does: prefix-cache hits, preemption and
 rollback need nothing more. Its drafting steps then write the draft positions, as the target's
 verification pass does after them."""
@@ -8,19 +9,23 @@ from __future__ import annotations
 
 import torch
 
-from tokenmill.engine.resolve import read_arch
+from tokenmill.engine.resolve import read_arch, resolve_source
 from tokenmill.models.loader import build_model
-from tokenmill.models.model_config import ModelConfig
+from tokenmill.models.model_config import ModelConfig, read_hf_config
 from tokenmill.models.registry import get_model_class
+from tokenmill.quant import quant_config
 from tokenmill.spec.greedy_draft import GreedyDrafter
 from tokenmill.spec.proposer import Target
 
 
 class DraftModelProposer(GreedyDrafter):
-    def __init__(self, target: Target, k_max: int, folder: str) -> None:
+    def __init__(self, target: Target, k_max: int, model: str, quantization: str = "none") -> None:
         super().__init__(target, k_max)
+        folder, gguf_file = resolve_source(model)
         arch = read_arch(folder)
-        self.model = build_model(arch, folder, target.dtype, target.max_model_len)
+        quant = quant_config(quantization, target.dtype, gguf_file,
+                             hf_quant_config=read_hf_config(folder).get("quantization_config"))
+        self.model = build_model(arch, folder, target.dtype, target.max_model_len, quant)
         self.kv_caches = get_model_class(arch.architecture).allocate_kv_caches(
             arch, target.kv_cache_dtype, target.dtype, target.block_size, target.num_blocks)
 

@@ -57,5 +57,5 @@ def make_proposer(spec: SpeculativeConfig, target: Target) -> Proposer:
         return LayerSkipProposer(target, spec.num_speculative_tokens, spec.num_draft_layers)
     if spec.method == "draft_model":
         from tokenmill.spec.draft_model import DraftModelProposer
-        return DraftModelProposer(target, spec.num_speculative_tokens, spec.model)
+        return DraftModelProposer(target, spec.num_speculative_tokens, spec.model, spec.quantization or "none")
     raise ValueError(f"speculative_config.method {spec.method!r} has no proposer")
