@@ -83,11 +83,11 @@ def router_for(prefill: list[str], decode: list[str], both: list[str] = ()) -> I
     return InProcessServer(build_router_app(Router(prefill, decode, list(both), cfg, poll_interval_s=0.05)))
 
 
-def complete(url: str, prompt: str | list[int], max_tokens: int = 24, model: str = MODEL,
-             **kw) -> openai.types.Completion:
+def complete(url: str, prompt: str | list[int], max_tokens: int = 24, model: str = MODEL, temperature: float = 0.0,
+             seed: int | None = None, **kw) -> openai.types.Completion:
     client = openai.OpenAI(base_url=url + "/v1", api_key="x", timeout=60, max_retries=0)
-    return client.completions.create(model=model, prompt=prompt, max_tokens=max_tokens,
-                                     temperature=0, extra_body={"return_token_ids": True, **kw})
+    return client.completions.create(model=model, prompt=prompt, max_tokens=max_tokens, temperature=temperature,
+                                     seed=seed, extra_body={"return_token_ids": True, **kw})
 
 
 def test_outputs_match_colocated_and_nothing_leaks(engines):
@@ -99,6 +99,10 @@ def test_outputs_match_colocated_and_nothing_leaks(engines):
             want = complete(c.url, prompt).choices[0]
             got = complete(r.url, prompt).choices[0]
             assert got.token_ids == want.token_ids and got.text == want.text, prompt[:40]
+        # seeded sampling too: the decode engine replays the draw the prefill engine made for token 1
+        seeded = dict(temperature=0.9, seed=11)
+        assert (complete(r.url, "Seeded. " + LONG, **seeded).choices[0].token_ids
+                == complete(c.url, "Seeded. " + LONG, **seeded).choices[0].token_ids)
         # chat, streamed, through the router
         client = openai.OpenAI(base_url=r.url + "/v1", api_key="x", timeout=60, max_retries=0)
         msgs = [{"role": "user", "content": LONG + " Summarize."}]
@@ -109,12 +113,12 @@ def test_outputs_match_colocated_and_nothing_leaks(engines):
         assert streamed == ref.choices[0].message.content
         routed = {s.labels["path"]: s.value for fam in text_string_to_metric_families(
             httpx.get(r.url + "/metrics").text) for s in fam.samples if s.name == "tokenmill:router_requests_total"}
-    # LONG and chat handed over; LONG + " Then" found LONG's blocks cached on decode -> local
-    assert routed["disaggregated"] == 2 and routed["local"] == 3, routed
-    assert metric(d.url, "tokenmill:kv_transfer_bytes_count") - loaded0 == 2
+    # LONG, seeded and chat handed over; LONG + " Then" found LONG's blocks cached on decode -> local
+    assert routed["disaggregated"] == 3 and routed["local"] == 3, routed
+    assert metric(d.url, "tokenmill:kv_transfer_bytes_count") - loaded0 == 3
     assert metric(d.url, "tokenmill:kv_transfer_recomputes_total") == 0
     wait_no_blocks(p.url, d.url, c.url)
-    assert metric(p.url, "tokenmill:kv_transfer_sends_total", outcome="acked") - sent0 == 2
+    assert metric(p.url, "tokenmill:kv_transfer_sends_total", outcome="acked") - sent0 == 3
 
 
 def test_prefix_cached_on_both_sides(engines):
