@@ -2,6 +2,7 @@
 
 Routes: POST /v1/completions, POST /v1/chat/completions (JSON or SSE with `stream`), GET /v1/models,
 POST /tokenize and /detokenize (vLLM's),
+GET /v1/kv/events (the prefix cache's stored/evicted block hashes, for KV-aware routers),
 GET /health (503 while loading, shutting down, or after the engine loop died), GET /metrics
 (Prometheus text). Every error is an OpenAI error body {"error": {message, type, param, code}}.
 Serving the process (`run_server`, `main`, SIGTERM) is in launch.py.
