@@ -23,25 +23,32 @@ class FakeWorker:
 
     def start_load_kv(self, meta: KVConnectorMetadata | None) -> None:
         for load in meta.loads if meta else []:
-            p = load.params
-            t = self.region.transfers.get(p["transfer_id"])
-            if load.ack_only:
-                if t is not None:
-                    t["ack"] = True
-                continue
-            if t is None or not t["lease"]:
-                self.out.failed_recving[load.request_id] = "lease_expired"
-                continue
-            blocks = t["blocks"][load.first_block:load.first_block + len(load.local_block_ids)]
-            for local, content in zip(load.local_block_ids, blocks):
-                self.executor.write_block(local, [(x or 0) + 1000 for x in content] if self.corrupt else content)
-            t["ack"] = True
-            got = [hash(tuple(self.executor.read_block(b))) for b in load.local_block_ids]
-            if got != p["block_checksums"][load.first_block:load.first_block + len(got)]:
-                self.out.failed_recving[load.request_id] = "checksum_mismatch"
-                continue
-            self.out.finished_recving[load.request_id] = TransferRecord(load.request_id, p["num_tokens"],
-                                                                        len(got) * 8, 0.0)
+            try:  # as the real workers: any failure means the prompt is computed locally
+                self._load(load)
+            except Exception:  # noqa: BLE001
+                if not load.ack_only:
+                    self.out.failed_recving[load.request_id] = "error"
+
+    def _load(self, load) -> None:
+        p = load.params
+        t = self.region.transfers.get(p["transfer_id"])
+        if load.ack_only:
+            if t is not None:
+                t["ack"] = True
+            return
+        if t is None or not t["lease"]:
+            self.out.failed_recving[load.request_id] = "lease_expired"
+            return
+        blocks = t["blocks"][load.first_block:load.first_block + len(load.local_block_ids)]
+        for local, content in zip(load.local_block_ids, blocks):
+            self.executor.write_block(local, [(x or 0) + 1000 for x in content] if self.corrupt else content)
+        t["ack"] = True
+        got = [hash(tuple(self.executor.read_block(b))) for b in load.local_block_ids]
+        if got != p["block_checksums"][load.first_block:load.first_block + len(got)]:
+            self.out.failed_recving[load.request_id] = "checksum_mismatch"
+            return
+        self.out.finished_recving[load.request_id] = TransferRecord(load.request_id, p["num_tokens"],
+                                                                    len(got) * 8, 0.0)
 
     def save_kv(self, meta: KVConnectorMetadata | None) -> None:
         for save in meta.saves if meta else []:

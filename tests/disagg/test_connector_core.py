@@ -27,7 +27,7 @@ class Engine:
     def __init__(self, role: str | None, region: FakeRegion, clock: ManualClock, corrupt: bool = False,
                  timeout_s: float = 10.0) -> None:
         self.executor = SlotExecutor(BLOCKS, BS)
-        conn = HandoverConnectorScheduler(BS, KEY, timeout_s) if role else None
+        conn = HandoverConnectorScheduler(BS, KEY, timeout_s, vocab_size=1000) if role else None
         if role:
             self.executor.worker = FakeWorker(region, self.executor, clock, corrupt)
         self.kv = KVCacheManager(BLOCKS, BS)
@@ -140,6 +140,17 @@ def test_mismatched_prompt_recomputes():
     assert got == want and d.recomputes() == {"prompt_mismatch": 1}
     p.settle()
     assert p.kv.pool.num_used_blocks == 0  # the refusal still acked the sender
+
+
+def test_forged_parameters_recompute_and_never_break_the_engine():
+    p, d, c, _ = _pair()
+    _, params = p.run("p", PROMPT, 1, do_remote_decode=True)
+    want, _ = c.run("c", PROMPT, 3)
+    for i, bad in enumerate([{"first_token_id": "x"}, {"first_token_id": 10**9}, {"num_tokens": "22"},
+                             {"block_checksums": 5}, {"transfer_id": "t"}]):
+        got, _ = d.run(f"d{i}", PROMPT, 3, **{**params, **bad})
+        assert got == want
+    assert d.recomputes() == {"bad_params": 2, "prompt_mismatch": 1, "error": 1, "lease_expired": 1}
 
 
 def test_abort_while_waiting_for_remote_kv_frees():

@@ -34,8 +34,9 @@ def prompt_hash(token_ids: list[int]) -> str:
 
 
 class HandoverConnectorScheduler:
-    def __init__(self, block_size: int, hash_key: str, timeout_s: float) -> None:
+    def __init__(self, block_size: int, hash_key: str, timeout_s: float, vocab_size: int | None = None) -> None:
         self.block_size = block_size
+        self.vocab_size = vocab_size
         self.hash_key = hash_key
         self.timeout_s = timeout_s
         self._loads: list[LoadSpec] = []
@@ -67,6 +68,10 @@ class HandoverConnectorScheduler:
         needed = ("num_tokens", "remote_block_ids", "transfer_id", "block_checksums",  # + the worker half's own
                   "prompt_hash", "hash_key", "block_size", "first_token_id")
         if any(k not in params for k in needed):
+            return "bad_params"
+        first = params["first_token_id"]  # it enters the model's next step: it must be a token
+        if not isinstance(first, int) or isinstance(first, bool) or first < 0 or (
+                self.vocab_size is not None and first >= self.vocab_size):
             return "bad_params"
         if params["hash_key"] != self.hash_key or params["block_size"] != self.block_size:
             return "layout_mismatch"

@@ -107,7 +107,8 @@ class LLMEngine:
         if cfg.kv_role == "both":
             return None
         from tokenmill.disagg.handover_scheduler import HandoverConnectorScheduler
-        return HandoverConnectorScheduler(cfg.cache.block_size, cfg.cache.block_hash_key, cfg.kv_transfer_timeout_s)
+        return HandoverConnectorScheduler(cfg.cache.block_size, cfg.cache.block_hash_key, cfg.kv_transfer_timeout_s,
+                                          cfg.model.arch.vocab_size)
 
     # -- facts ----------------------------------------------------------------------------------
     @property
