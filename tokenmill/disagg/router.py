@@ -41,7 +41,8 @@ def _error(status: int, message: str, code: str) -> JSONResponse:
 
 class Router:
     def __init__(self, prefill: list[str], decode: list[str], both: list[str], cfg: RouterConfig,
-                 poll_interval_s: float = 0.2, request_timeout_s: float = 600.0) -> None:
+                 poll_interval_s: float = 0.2, request_timeout_s: float = 600.0,
+                 transport: httpx.AsyncBaseTransport | None = None) -> None:
         if not decode and not both:
             raise ValueError("the router needs at least one --decode or --both instance")
         self.cfg = cfg
@@ -49,7 +50,8 @@ class Router:
         self.decodes = [InstanceState(u.rstrip("/"), "decode") for u in decode] + \
                        [InstanceState(u.rstrip("/"), "both") for u in both]
         self.timeout = httpx.Timeout(request_timeout_s, connect=5.0)
-        self.client = httpx.AsyncClient(timeout=self.timeout, limits=httpx.Limits(max_connections=1024))
+        self.client = httpx.AsyncClient(timeout=self.timeout, limits=httpx.Limits(max_connections=1024),
+                                        transport=transport)  # transport: tests only
         self.monitor = InstanceMonitor(self.prefills + self.decodes, self.client, poll_interval_s)
         self.registry = CollectorRegistry()
         self.routed = Counter("tokenmill:router_requests", "Requests routed, by path (disaggregated: prefilled on "
