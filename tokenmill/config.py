@@ -47,6 +47,9 @@ class EngineConfig:
     max_num_seqs: int = 128
     long_prefill_token_threshold: int = 0
     attention_backend: str = "auto"  # auto: our C++ kernels (cpu) if they build here, else torch
+    # a sequence's logits never depend on what it is batched with (nor on speculative verification):
+    # one accumulation order per kernel for every row count; process-wide once set (kernels/csrc/cpu_isa.h)
+    batch_invariant: bool = False
     seed: int = 0
     num_threads: int | None = None  # None: the cores this process may use
     served_model_name: str | None = None
@@ -124,6 +127,7 @@ class DeviceConfig:
     threads_reason: str  # for the startup log
     attention_backend: str
     seed: int
+    batch_invariant: bool = False
 
 
 SPEC_METHODS = ("ngram", "layer_skip", "draft_model")

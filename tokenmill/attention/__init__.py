@@ -19,3 +19,16 @@ def get_attention_backend(name: str) -> AttentionBackend:
 
 
 __all__ = ["AttentionBackend", "BatchLayout", "get_attention_backend"]
+
+
+def enable_batch_invariance(attention_backend: str, dtype: str) -> None:
+    """Batch-invariant mode for this process (EngineConfig.batch_invariant): our kernels sum every
+    row in one order whatever the batch, and short chunks attend as decode rows. Needs our C++
+    kernels and their attention backend (SDPA and oneDNN are not batch-invariant)."""
+    from tokenmill.kernels import cpu_ops
+    if attention_backend not in ("auto", "cpu") or not cpu_ops.load():
+        raise ValueError("batch_invariant needs our C++ kernels and attention_backend 'auto' or 'cpu'; got "
+                         f"attention_backend={attention_backend!r}, kernels {'built' if cpu_ops.load() else 'unavailable'}")
+    if dtype not in ("float32", "bfloat16"):
+        raise ValueError(f"batch_invariant needs dtype float32 or bfloat16 (our kernels); got dtype={dtype!r}")
+    cpu_ops.set_batch_invariant(True)

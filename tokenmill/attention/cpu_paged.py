@@ -24,6 +24,10 @@ from tokenmill.kernels import cpu_ops
 # Query pieces for chunks longer than this (the best sizes measured; docs/BENCHMARKS_HISTORY.md)
 PIECE = 128
 SPLIT_ABOVE = 256
+# In batch-invariant mode a chunk of at most this many tokens runs as that many decode rows (each
+# sees the keys up to its own position), so speculative verification's k+1 rows are computed as
+# plain decode steps would compute them
+DECODE_ROWS_MAX = 16
 
 
 @dataclass
@@ -94,9 +98,10 @@ class CpuPagedBackend(AttentionBackend):
     def build_metadata(self, layout: BatchLayout) -> CpuPagedMetadata:
         qsl = layout.query_start_loc
         q_lens = [qsl[b + 1] - qsl[b] for b in range(len(layout.seq_lens))]
-        decode = [b for b, n in enumerate(q_lens) if n == 1]
-        prefills = [_build_prefill(layout, b) for b, n in enumerate(q_lens) if n > 1]
-        decodes = _build_decodes(layout, decode, all_decode=not prefills) if decode else None
+        rows_max = DECODE_ROWS_MAX if cpu_ops.batch_invariant() else 1
+        decode = [b for b, n in enumerate(q_lens) if n <= rows_max]
+        prefills = [_build_prefill(layout, b) for b, n in enumerate(q_lens) if n > rows_max]
+        decodes = _build_decodes(layout, decode, q_lens) if decode else None
         return CpuPagedMetadata(layout.slot_mapping, layout.block_size, decodes, prefills, layout)
 
     def forward(self, q, k, v, kv_cache, meta: CpuPagedMetadata, scale: float, sliding_window: int | None = None
@@ -157,11 +162,18 @@ def _build_prefill(layout: BatchLayout, b: int) -> _Prefill:
     return _Prefill(start, end, layout.seq_lens[b] - (end - start), table)
 
 
-def _build_decodes(layout: BatchLayout, seqs: list[int], all_decode: bool) -> _Decodes:
+def _build_decodes(layout: BatchLayout, seqs: list[int], q_lens: list[int]) -> _Decodes:
+    """One decode row per token of the given sequences: token i of a chunk of n sees the sequence's
+    keys up to its own position (seq_len - n + i + 1)."""
     max_blocks = max(len(layout.block_tables[b]) for b in seqs)
-    tables = torch.zeros(len(seqs), max_blocks, dtype=torch.long)
-    for i, b in enumerate(seqs):
-        row = layout.block_tables[b]
-        tables[i, :len(row)] = torch.tensor(row, dtype=torch.long)
-    rows = None if all_decode else torch.tensor([layout.query_start_loc[b] for b in seqs])
-    return _Decodes(rows, tables, torch.tensor([layout.seq_lens[b] for b in seqs], dtype=torch.long))
+    tables = torch.zeros(sum(q_lens[b] for b in seqs), max_blocks, dtype=torch.long)
+    rows, seq_lens = [], []
+    for b in seqs:
+        block_row = torch.tensor(layout.block_tables[b], dtype=torch.long)
+        start, n = layout.query_start_loc[b], q_lens[b]
+        for i in range(n):
+            tables[len(rows), :len(block_row)] = block_row
+            rows.append(start + i)
+            seq_lens.append(layout.seq_lens[b] - n + i + 1)
+    every_token = rows == list(range(layout.query_start_loc[-1]))
+    return _Decodes(None if every_token else torch.tensor(rows), tables, torch.tensor(seq_lens, dtype=torch.long))

@@ -16,7 +16,7 @@ _ENGINE_DEFAULTS = {f.name: f.default for f in dataclasses.fields(EngineConfig)}
 ENGINE_FLAGS = ("dtype", "max_model_len", "block_size", "kv_cache_memory_gb", "num_kv_blocks", "kv_cache_dtype",
                 "quantization", "quant_group_size",
                 "enable_prefix_caching", "max_num_batched_tokens", "max_num_seqs",
-                "long_prefill_token_threshold", "attention_backend", "seed", "num_threads", "tokenizer",
+                "long_prefill_token_threshold", "attention_backend", "batch_invariant", "seed", "num_threads", "tokenizer",
                 "speculative_config", "kv_role", "kv_transfer_timeout_s", "kv_connector")
 
 
@@ -102,6 +102,9 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                      help="cap on one prompt's chunk per step, 0: none (default: %(default)s)")
     eng.add_argument("--attention-backend", choices=ATTENTION_BACKENDS, default=d["attention_backend"],
                      help="attention implementation (default: %(default)s)")
+    eng.add_argument("--batch-invariant", action="store_true", default=d["batch_invariant"],
+                     help="a sequence's output never depends on what it is batched with (and greedy speculative "
+                          "decoding is token-identical in bfloat16 too); costs some speed: docs/BENCHMARKS.md")
     eng.add_argument("--seed", type=int, default=d["seed"], help="engine random seed (default: %(default)s)")
     eng.add_argument("--num-threads", type=positive_int, default=d["num_threads"],
                      help="CPU threads for the model (default: all cores of this process)")

@@ -36,7 +36,8 @@ def resolve_config(cfg: EngineConfig) -> TokenmillConfig:
                                   num_lookahead_tokens=spec.num_speculative_tokens if spec and spec.drafts_with_a_model
                                   else 0),
         device=DeviceConfig(num_threads=budget.threads, adaptive_threads=cfg.num_threads is None,
-                            threads_reason=budget.reason, attention_backend=cfg.attention_backend, seed=cfg.seed),
+                            threads_reason=budget.reason, attention_backend=cfg.attention_backend, seed=cfg.seed,
+                            batch_invariant=cfg.batch_invariant),
         speculative=spec, kv_role=cfg.kv_role, kv_transfer_timeout_s=cfg.kv_transfer_timeout_s,
         kv_connector=cfg.kv_connector)
 

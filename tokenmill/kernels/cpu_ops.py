@@ -138,6 +138,24 @@ def set_isa(cap: str) -> str:
     return torch.ops.tokenmill.set_cpu_isa(cap)
 
 
+_batch_invariant = False
+
+
+def set_batch_invariant(on: bool) -> bool:
+    """Process-wide batch-invariant mode (kernels/csrc/cpu_isa.h): a row's result never depends on
+    the rows it shares a call with. Returns the previous setting."""
+    global _batch_invariant
+    if not load():
+        raise RuntimeError("the C++ CPU kernels are not available")
+    previous = torch.ops.tokenmill.set_batch_invariant(bool(on))
+    _batch_invariant = bool(on)
+    return previous
+
+
+def batch_invariant() -> bool:
+    return _batch_invariant
+
+
 def paged_decode(q: torch.Tensor, kv_cache: tuple[torch.Tensor, ...], block_tables: torch.Tensor,
                  seq_lens: torch.Tensor, block_size: int, scale: float, window: int | None = None) -> torch.Tensor:
     """q [B, H, D] (one query per sequence) attends to its cached context (only its last `window`

@@ -118,8 +118,10 @@ class UnquantizedConfig:
     def __init__(self, dtype: torch.dtype) -> None:
         self.dtype = dtype
         self.bf16_panels = dtype == torch.bfloat16 and cpu_ops.load()
-        # AMX tiles granted by the OS: oneDNN's bf16 kernels use them, ours do not
-        self.bf16_onednn = self.bf16_panels and "amx=usable" in cpu_ops.isa() and _has_onednn_linear()
+        # AMX tiles granted by the OS: oneDNN's bf16 kernels use them, ours do not (and oneDNN's
+        # blocking varies with the batch: batch-invariant mode keeps our panels)
+        self.bf16_onednn = (self.bf16_panels and "amx=usable" in cpu_ops.isa() and _has_onednn_linear()
+                            and not cpu_ops.batch_invariant())
 
     @property
     def activation_dtype(self) -> torch.dtype:

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from tokenmill.attention import BatchLayout, get_attention_backend
+from tokenmill.attention import BatchLayout, enable_batch_invariance, get_attention_backend
 from tokenmill.config import TokenmillConfig
 from tokenmill.core.errors import RequestStepError
 from tokenmill.core.outputs import ModelRunnerOutput, PromptLogprobs
@@ -83,6 +83,8 @@ class ModelRunner:
         logger.info("model threads: %d (%s%s)", device.num_threads, device.threads_reason,
                     "; fewer while other processes keep these cores busy" if device.adaptive_threads else "")
         torch.manual_seed(device.seed)
+        if device.batch_invariant:  # before the model is built: its linear methods read it
+            enable_batch_invariance(device.attention_backend, model.dtype)
         self.dtype = TORCH_DTYPES[model.dtype]
         self.block_size = cache.block_size
         self.num_blocks = cache.num_blocks

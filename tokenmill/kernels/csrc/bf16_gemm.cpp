@@ -148,8 +148,9 @@ at::Tensor bf16_panel_linear(const at::Tensor& x, const at::Tensor& packed, int6
   if (M == 0) return y;
   const auto level = tokenmill_isa::active_level();
   // one or two rows stream the weights at the same rate without rounding x (measured:
-  // `python -m tokenmill.bench.kernels --only isa`), so they take the widening path
-  const bool dp = level == tokenmill_isa::Level::kAvx512Bf16 && M > 2;
+  // `python -m tokenmill.bench.kernels --only isa`), so they take the widening path, except in
+  // batch-invariant mode: there every row count takes the dot-product path (x rounded to bf16)
+  const bool dp = level == tokenmill_isa::Level::kAvx512Bf16 && (M > 2 || tokenmill_isa::batch_invariant());
   // the dot-product path reads bf16 rows; the widening paths float32 rows
   const at::Tensor xc = (dp ? x.to(at::kBFloat16) : x.to(at::kFloat)).contiguous();
   const auto* pp = reinterpret_cast<const uint16_t*>(packed.data_ptr<at::BFloat16>());

@@ -109,6 +109,16 @@ const CpuIsa& cpu_isa() {
 
 Level active_level() { return static_cast<Level>(active().load(std::memory_order_relaxed)); }
 
+namespace {
+std::atomic<bool>& invariant() {
+  static std::atomic<bool> on{false};
+  return on;
+}
+}  // namespace
+
+bool batch_invariant() { return invariant().load(std::memory_order_relaxed); }
+bool set_batch_invariant(bool on) { return invariant().exchange(on); }
+
 const char* level_name(Level level) {
   switch (level) {
     case Level::kAvx512Bf16: return "avx512_bf16";
@@ -123,4 +133,5 @@ const char* level_name(Level level) {
 TORCH_LIBRARY_FRAGMENT(tokenmill, m) {
   m.def("cpu_isa() -> str", []() { return tokenmill_isa::describe_isa(); });
   m.def("set_cpu_isa(str cap) -> str", [](std::string cap) { return tokenmill_isa::set_isa(cap); });
+  m.def("set_batch_invariant(bool on) -> bool", [](bool on) { return tokenmill_isa::set_batch_invariant(on); });
 }

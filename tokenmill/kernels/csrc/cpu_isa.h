@@ -26,4 +26,10 @@ const char* level_name(Level level);
 std::string describe_isa();            // "level=... best=... features=..."
 std::string set_isa(const std::string& cap);  // returns the level now active
 
+// Batch-invariant mode (process-wide, off by default): every GEMM path sums a row in the same order
+// whatever the number of rows in the call, and bf16 rows always take the same path, so a sequence's
+// logits do not depend on what it is batched with (nor on speculative verification's k+1 rows).
+bool batch_invariant();
+bool set_batch_invariant(bool on);  // returns the previous setting
+
 }  // namespace tokenmill_isa

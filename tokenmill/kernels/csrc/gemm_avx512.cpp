@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "cpu_isa.h"
 #include "gemm_isa.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -51,10 +52,9 @@ inline __m512 dp(__m512 acc, __m512i a, __m512i b) {
 }
 
 // bf16 x bf16 -> f32 through vdpbf16ps: each instruction does 16 columns x one k-pair.
-template <int MR>
+template <int MR, int S = sets_for(MR)>
 void bf16_dp_kernel(const uint16_t* x, int64_t lda, int64_t K, const uint16_t* p, const float* bias, float* y,
                     int64_t ldy, int64_t ncols) {
-  constexpr int S = sets_for(MR);
   __m512 c0[S][MR], c1[S][MR];
 #pragma GCC unroll 16
   for (int s = 0; s < S; ++s)
@@ -145,10 +145,9 @@ void bf16_widen_kernel(const float* x, int64_t lda, int64_t K, const uint16_t* p
 }
 
 // float32 panels P[K][16]: one zmm of weights per k (ACC: add into y, for attention's O += P V)
-template <int MR, bool ACC>
+template <int MR, bool ACC, int S = sets_for(MR)>
 void f32_kernel(const float* x, int64_t lda, int64_t K, const float* p, const float* bias, float* y, int64_t ldy,
                 int64_t ncols) {
-  constexpr int S = sets_for(MR);
   __m512 c[S][MR];
 #pragma GCC unroll 16
   for (int s = 0; s < S; ++s)
@@ -203,6 +202,18 @@ constexpr F32Fn kF32[] = {nullptr, f32_kernel<1, ACC>, f32_kernel<2, ACC>, f32_k
                           f32_kernel<5, ACC>, f32_kernel<6, ACC>, f32_kernel<7, ACC>, f32_kernel<8, ACC>,
                           f32_kernel<9, ACC>, f32_kernel<10, ACC>, f32_kernel<11, ACC>, f32_kernel<12, ACC>,
                           f32_kernel<13, ACC>, f32_kernel<14, ACC>};
+// Batch-invariant mode: one accumulator set for every row count (the tuned kernels' choice from 5
+// rows on), so a row's sum runs in the same order in any block; fewer rows lose some latency
+// hiding, which a memory-bound decode step does not feel.
+constexpr Bf16DpFn kBf16DpInvariant[] = {
+    nullptr, bf16_dp_kernel<1, 1>, bf16_dp_kernel<2, 1>, bf16_dp_kernel<3, 1>, bf16_dp_kernel<4, 1>,
+    bf16_dp_kernel<5>, bf16_dp_kernel<6>, bf16_dp_kernel<7>, bf16_dp_kernel<8>, bf16_dp_kernel<9>,
+    bf16_dp_kernel<10>, bf16_dp_kernel<11>, bf16_dp_kernel<12>};
+template <bool ACC>
+constexpr F32Fn kF32Invariant[] = {nullptr, f32_kernel<1, ACC, 1>, f32_kernel<2, ACC, 1>, f32_kernel<3, ACC, 1>,
+                                   f32_kernel<4, ACC, 1>, f32_kernel<5, ACC>, f32_kernel<6, ACC>, f32_kernel<7, ACC>,
+                                   f32_kernel<8, ACC>, f32_kernel<9, ACC>, f32_kernel<10, ACC>, f32_kernel<11, ACC>,
+                                   f32_kernel<12, ACC>, f32_kernel<13, ACC>, f32_kernel<14, ACC>};
 
 }  // namespace tm_avx512_detail
 
@@ -210,7 +221,10 @@ namespace tm_avx512_bf16 {
 using namespace tm_avx512_detail;
 void bf16_panel_rows(const uint16_t* x, int64_t lda, int64_t M, int64_t K, const uint16_t* panel,
                      const float* bias, float* y, int64_t ldy, int64_t ncols) {
-  row_blocks<12>(x, lda, M, K, panel, bias, y, ldy, ncols, kBf16Dp);
+  if (tokenmill_isa::batch_invariant())
+    row_blocks<12>(x, lda, M, K, panel, bias, y, ldy, ncols, kBf16DpInvariant);
+  else
+    row_blocks<12>(x, lda, M, K, panel, bias, y, ldy, ncols, kBf16Dp);
 }
 }  // namespace tm_avx512_bf16
 
@@ -222,11 +236,17 @@ void bf16_panel_rows(const float* x, int64_t lda, int64_t M, int64_t K, const ui
 }
 void f32_panel_rows(const float* x, int64_t lda, int64_t M, int64_t K, const float* panel, const float* bias,
                     float* y, int64_t ldy, int64_t ncols) {
-  row_blocks<14>(x, lda, M, K, panel, bias, y, ldy, ncols, kF32<false>);
+  if (tokenmill_isa::batch_invariant())
+    row_blocks<14>(x, lda, M, K, panel, bias, y, ldy, ncols, kF32Invariant<false>);
+  else
+    row_blocks<14>(x, lda, M, K, panel, bias, y, ldy, ncols, kF32<false>);
 }
 void f32_panel_rows_acc(const float* x, int64_t lda, int64_t M, int64_t K, const float* panel, float* y,
                         int64_t ldy, int64_t ncols) {
-  row_blocks<14>(x, lda, M, K, panel, static_cast<const float*>(nullptr), y, ldy, ncols, kF32<true>);
+  if (tokenmill_isa::batch_invariant())
+    row_blocks<14>(x, lda, M, K, panel, static_cast<const float*>(nullptr), y, ldy, ncols, kF32Invariant<true>);
+  else
+    row_blocks<14>(x, lda, M, K, panel, static_cast<const float*>(nullptr), y, ldy, ncols, kF32<true>);
 }
 }  // namespace tm_avx512
 

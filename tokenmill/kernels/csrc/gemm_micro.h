@@ -4,6 +4,7 @@
 
 #include <cstdint>
 
+#include "cpu_isa.h"
 #include "vec_math.h"
 
 namespace tokenmill_gemm {
@@ -12,7 +13,9 @@ constexpr int64_t NR = 16;  // panel width: two 8-float AVX2 registers
 
 // y[r, 0:ncols] (+)= x[r, 0:K] . p for MR rows of x (row stride lda); the panel p is [K][16] (16
 // output columns, zero-padded past ncols). ACC: add to y instead of overwriting it.
-template <int MR, bool ACC = false>
+// SPLIT: two accumulator sets over even/odd k (few rows); batch-invariant mode runs every row
+// count without it, so a row's sum has the same order in any block.
+template <int MR, bool ACC = false, bool SPLIT = (MR <= 2)>
 void micro_kernel(const float* x, int64_t lda, int64_t K, const float* p, const float* bias, float* y,
                   int64_t ldy, int64_t ncols) {
 #ifdef __AVX2__
@@ -20,7 +23,7 @@ void micro_kernel(const float* x, int64_t lda, int64_t K, const float* p, const 
 #pragma GCC unroll 8
   for (int r = 0; r < MR; ++r) c0[r] = c1[r] = _mm256_setzero_ps();
   int64_t k = 0;
-  if constexpr (MR <= 2) {
+  if constexpr (SPLIT) {
     // Few rows: two independent accumulator sets over even/odd k hide the 4-5 cycle FMA latency.
     __m256 d0[MR], d1[MR];
 #pragma GCC unroll 8
@@ -45,7 +48,7 @@ void micro_kernel(const float* x, int64_t lda, int64_t K, const float* p, const 
       c1[r] = _mm256_add_ps(c1[r], d1[r]);
     }
   }
-  for (; k < K; ++k) {  // every k for MR > 2; the odd last one for MR <= 2
+  for (; k < K; ++k) {  // every k without SPLIT; the odd last one with it
     _mm_prefetch(reinterpret_cast<const char*>(p + k * NR) + 1024, _MM_HINT_T0);
     const __m256 b0 = _mm256_loadu_ps(p + k * NR), b1 = _mm256_loadu_ps(p + k * NR + 8);
 #pragma GCC unroll 8
@@ -101,16 +104,21 @@ using MicroKernel = void (*)(const float*, int64_t, int64_t, const float*, const
 template <bool ACC>
 constexpr MicroKernel kMicroKernels[7] = {nullptr, micro_kernel<1, ACC>, micro_kernel<2, ACC>, micro_kernel<3, ACC>,
                                           micro_kernel<4, ACC>, micro_kernel<5, ACC>, micro_kernel<6, ACC>};
+template <bool ACC>
+constexpr MicroKernel kMicroKernelsInvariant[7] = {
+    nullptr, micro_kernel<1, ACC, false>, micro_kernel<2, ACC, false>, micro_kernel<3, ACC, false>,
+    micro_kernel<4, ACC, false>, micro_kernel<5, ACC, false>, micro_kernel<6, ACC, false>};
 
 // y[M, ncols] (+)= x[M, K] . panel, in row blocks of at most 6, as even as possible (8 -> 4 + 4).
 template <bool ACC>
 inline void panel_rows(const float* x, int64_t lda, int64_t M, int64_t K, const float* panel, const float* bias,
                        float* y, int64_t ldy, int64_t ncols) {
   if (M <= 0) return;
+  const MicroKernel* kernels = tokenmill_isa::batch_invariant() ? kMicroKernelsInvariant<ACC> : kMicroKernels<ACC>;
   const int64_t nblocks = (M + 5) / 6, base = M / nblocks, extra = M % nblocks;
   for (int64_t blk = 0, r0 = 0; blk < nblocks; ++blk) {
     const int64_t rows = base + (blk < extra ? 1 : 0);
-    kMicroKernels<ACC>[rows](x + r0 * lda, lda, K, panel, bias, y + r0 * ldy, ldy, ncols);
+    kernels[rows](x + r0 * lda, lda, K, panel, bias, y + r0 * ldy, ldy, ncols);
     r0 += rows;
   }
 }
