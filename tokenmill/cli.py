@@ -1,4 +1,5 @@
-"""tokenmill command line: serve | generate | chat | eval | bench | sim | plan | fleet | ledger."""
+"""tokenmill command line: serve | generate | chat | eval | bench | sim | plan | router | cluster | fleet |
+ledger."""
 from __future__ import annotations
 
 import argparse
@@ -109,6 +110,10 @@ def build_parser() -> argparse.ArgumentParser:
     from tokenmill.fleet.cli import add_fleet_parser, add_ledger_parser
     add_fleet_parser(sub)
     add_ledger_parser(sub)
+    from tokenmill.disagg.router import add_router_parser
+    add_router_parser(sub)
+    from tokenmill.disagg.cluster import add_cluster_parser
+    add_cluster_parser(sub)
     return parser
 
 

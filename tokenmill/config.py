@@ -21,6 +21,8 @@ KV_CACHE_DTYPES = ("auto", "int8", "fp8")
 QUANTIZATIONS = ("gguf", "none", "int8", "int4", "awq", "gptq")
 QUANT_GROUP_SIZES = (32, 64, 128)
 ATTENTION_BACKENDS = ("auto", "cpu", "torch", "reference")
+KV_ROLES = ("prefill", "decode", "both")
+KV_CONNECTORS = ("shm", "nixl")
 BLOCK_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
 
@@ -52,9 +54,17 @@ class EngineConfig:
     num_threads: int | None = None  # None: the cores this process may use
     served_model_name: str | None = None
     speculative_config: dict | None = None  # vLLM's fields: {"method": "ngram", "num_speculative_tokens": 4, ...}
+    # prefill/decode disaggregation: prefill (KV cache in shared memory, sends), decode (receives), both (neither)
+    kv_role: str = "both"
+    kv_transfer_timeout_s: float = 30.0  # a prefill engine frees unclaimed sent blocks after this
+    kv_connector: str = "shm"  # shm (one machine) | nixl (NIXL over UCX; the tokenmill[nixl] extra)
 
     def __post_init__(self) -> None:
         _choice("dtype", self.dtype, DTYPES)
+        _choice("kv_role", self.kv_role, KV_ROLES)
+        _choice("kv_connector", self.kv_connector, KV_CONNECTORS)
+        if not (isinstance(self.kv_transfer_timeout_s, (int, float)) and self.kv_transfer_timeout_s >= 0):
+            raise ValueError(f"kv_transfer_timeout_s must be a number >= 0, got {self.kv_transfer_timeout_s!r}")
         _choice("kv_cache_dtype", self.kv_cache_dtype, KV_CACHE_DTYPES)
         if self.quantization is not None:
             _choice("quantization", self.quantization, QUANTIZATIONS)
@@ -198,6 +208,9 @@ class TokenmillConfig:
     scheduler: SchedulerConfig
     device: DeviceConfig
     speculative: SpeculativeConfig | None = None
+    kv_role: str = "both"
+    kv_transfer_timeout_s: float = 30.0
+    kv_connector: str = "shm"
 
 
 def _positive_int(name: str, value: object) -> None:

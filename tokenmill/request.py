@@ -10,6 +10,7 @@ from tokenmill.sampling_params import SamplingParams
 
 class RequestStatus(enum.Enum):
     WAITING = "waiting"
+    WAITING_FOR_REMOTE_KV = "waiting_for_remote_kv"  # its prompt's KV is being copied from another engine
     RUNNING = "running"
     PREEMPTED = "preempted"
     FINISHED = "finished"
@@ -105,6 +106,7 @@ class Request:
         self.block_hashes: list[bytes] = []  # hash of each full block, chained (filled lazily)
         self.spec_token_ids: list[int] = []  # draft tokens to verify in the next step
         self.spec_stats = SpecDecodingStats()
+        self.kv_transfer_params: dict | None = None  # set at finish by a sending KV connector
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -185,3 +187,5 @@ class RequestOutput:
     error: str | None = None
     # with SamplingParams.prompt_logprobs: None for the first prompt token, then one entry per token
     prompt_logprobs: list[dict[int, Logprob] | None] | None = None
+    # a prefill engine's hand-over: what the decode engine needs to load this request's KV
+    kv_transfer_params: dict | None = None

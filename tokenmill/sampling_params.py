@@ -57,6 +57,8 @@ class SamplingParams:
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     structured_outputs: StructuredOutputsParams | None = None
+    # prefill/decode disaggregation (vLLM's field; see tokenmill/disagg/connector.py)
+    kv_transfer_params: dict[str, Any] | None = None
     stop_list: list[str] = field(init=False, default_factory=list)
 
     def __post_init__(self) -> None:
@@ -92,6 +94,20 @@ class SamplingParams:
                "0 with structured_outputs")
         _check(self.seed is None or (isinstance(self.seed, int) and 0 <= self.seed < 2**63 - self.n),
                "seed", self.seed, "an integer in [0, 2**63 - n) or None")
+        if self.kv_transfer_params is not None:
+            self._validate_kv_transfer()
+
+    def _validate_kv_transfer(self) -> None:
+        p = self.kv_transfer_params
+        _check(isinstance(p, dict), "kv_transfer_params", p, "an object")
+        decode, prefill = bool(p.get("do_remote_decode")), bool(p.get("do_remote_prefill"))
+        _check(not (decode and prefill), "kv_transfer_params", p, "do_remote_decode or do_remote_prefill, not both")
+        _check(not (decode or prefill) or self.n == 1, "n", self.n, "1 with kv_transfer_params")
+        _check(not decode or self.max_tokens == 1, "max_tokens", self.max_tokens,
+               "1 with kv_transfer_params.do_remote_decode (the prefill engine samples one token)")
+        timeout = p.get("timeout_s")
+        _check(timeout is None or (isinstance(timeout, (int, float)) and not isinstance(timeout, bool)
+                                   and timeout >= 0), "kv_transfer_params.timeout_s", timeout, "a number >= 0")
 
     @property
     def greedy(self) -> bool:

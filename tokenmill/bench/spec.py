@@ -138,7 +138,7 @@ def run(args: argparse.Namespace) -> int:
     from tokenmill.bench.offline import machine
     batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
     common = dict(dtype=args.dtype, quantization=args.quantization, max_num_seqs=max(batch_sizes),
-                  kv_cache_memory_gb=args.kv_cache_memory_gb)
+                  kv_cache_memory_gb=args.kv_cache_memory_gb, batch_invariant=args.batch_invariant)
     configs = spec_configs(args)
     engines = {"off": LLM(args.model, **common)}
     engines.update({name: LLM(args.model, speculative_config=cfg, **common) for name, cfg in configs.items()})
@@ -187,6 +187,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--num-draft-layers", default=None,
                    help="layer_skip: comma-separated values, one configuration each (default: the engine's)")
     p.add_argument("--draft-model", default=None, help="draft_model: an HF folder or .gguf with the same tokenizer")
+    p.add_argument("--batch-invariant", action="store_true",
+                   help="every engine in batch-invariant mode (process-wide): greedy identity in bfloat16 too")
     p.add_argument("--quantization", default=None, help="the target's weight format (default: the model file's own)")
     p.add_argument("--draft-quantization", default=None,
                    help="draft_model's weight format (default: its file's own, e.g. gguf blocks for a .gguf)")

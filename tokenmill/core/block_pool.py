@@ -4,6 +4,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 
+from tokenmill.core.kv_events import KVEventLog
+
 
 @dataclass
 class KVBlock:
@@ -21,7 +23,7 @@ class BlockPool:
     """Invariant: a block is in the free queue iff its ref_cnt is 0. A free block may still hold a
     cached prefix (block_hash set); it is evicted lazily, when allocation takes it."""
 
-    def __init__(self, num_blocks: int, enable_caching: bool = True) -> None:
+    def __init__(self, num_blocks: int, enable_caching: bool = True, events: KVEventLog | None = None) -> None:
         if num_blocks < 1:
             raise ValueError(f"num_blocks must be >= 1, got {num_blocks}")
         self.num_blocks = num_blocks
@@ -31,6 +33,7 @@ class BlockPool:
         self.free_queue: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
         self.cached: dict[bytes, KVBlock] = {}
         self.num_evictions = 0
+        self.events = events  # stored/evicted hashes for routers (None: not recorded)
 
     @property
     def num_free_blocks(self) -> int:
@@ -56,6 +59,8 @@ class BlockPool:
         if block.block_hash is not None:
             if self.cached.get(block.block_hash) is block:
                 del self.cached[block.block_hash]
+                if self.events is not None:
+                    self.events.removed(block.block_hash)
             block.block_hash = None
             self.num_evictions += 1
 
@@ -76,6 +81,8 @@ class BlockPool:
             return
         block.block_hash = block_hash
         self.cached[block_hash] = block
+        if self.events is not None:
+            self.events.stored(block_hash)
 
     def free(self, blocks: list[KVBlock]) -> None:
         """Drop one reference each. Pass blocks tail-first so a sequence's tail is evicted before its
@@ -95,4 +102,6 @@ class BlockPool:
         for block in self.blocks:
             block.block_hash = None
         self.cached.clear()
+        if self.events is not None:
+            self.events.cleared()
         return True

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from tokenmill.core.errors import RequestStepError
 from tokenmill.core.kv_cache_manager import KVCacheManager, PrefixCacheStats
@@ -22,6 +22,9 @@ from tokenmill.core.outputs import EngineCoreOutput, EngineCoreOutputs, Iteratio
 from tokenmill.core.scheduler import Scheduler, SchedulerConfig, SchedulerStats
 from tokenmill.core.scheduler_output import SchedulerOutput
 from tokenmill.request import FinishReason, Request, SpecDecodingStats
+
+if TYPE_CHECKING:
+    from tokenmill.disagg.connector import KVConnectorScheduler
 
 logger = logging.getLogger(__name__)
 
@@ -32,11 +35,12 @@ class Executor(Protocol):
 
 class EngineCore:
     def __init__(self, scheduler_config: SchedulerConfig, kv: KVCacheManager, executor: Executor,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 kv_connector: KVConnectorScheduler | None = None) -> None:
         self.kv = kv
         self.executor = executor
         self.clock = clock
-        self.scheduler = Scheduler(scheduler_config, kv, clock)
+        self.scheduler = Scheduler(scheduler_config, kv, clock, kv_connector)
 
     # -- requests -------------------------------------------------------------------------------
     def add_request(self, request: Request) -> None:
@@ -59,15 +63,18 @@ class EngineCore:
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished()
 
+    def has_pending_kv_transfers(self) -> bool:
+        return self.scheduler.has_pending_kv_transfers()
+
     @property
     def num_waiting_requests(self) -> int:
-        return len(self.scheduler.waiting)
+        return len(self.scheduler.waiting) + len(self.scheduler.waiting_for_remote_kv)
 
     # -- the step -------------------------------------------------------------------------------
     def step(self) -> EngineCoreOutputs:
         t0 = self.clock()
         sched = self.scheduler.schedule()
-        if sched.is_empty:
+        if sched.is_empty and sched.kv_connector_metadata is None and not self.scheduler.sending:
             self.scheduler.defer(sched)
             return EngineCoreOutputs([], [], IterationStats.idle())
         prompt_tokens = self._prompt_tokens_per_request(sched)
@@ -81,7 +88,12 @@ class EngineCore:
         spec = SpecDecodingStats()
         num_rejected = self._verify_drafts(sched, result, spec)
         self.scheduler.update_after_step(sched, num_rejected)
+        loaded = []
+        if result.kv_connector_output is not None:
+            loaded = self.scheduler.update_from_kv_connector(result.kv_connector_output)
         outputs, finished = self._append_sampled(result, t2)
+        if loaded:
+            self._adopt_first_tokens(loaded, t2, outputs, finished)
         step_time = self.clock() - t0
         self._charge_step(sched, charged, prompt_tokens, step_time)
         it = IterationStats(num_prompt_tokens=sum(prompt_tokens.values()), num_generation_tokens=sum(len(o.new_token_ids) for o in outputs),
@@ -90,7 +102,8 @@ class EngineCore:
                             schedule_time=t1 - t0, forward_time=t2 - t1, step_time=step_time,
                             num_drafts=spec.num_drafts, num_draft_tokens=spec.num_draft_tokens,
                             num_accepted_tokens=spec.num_accepted_tokens,
-                            accepted_per_position=spec.accepted_per_position, expert_load=result.expert_load)
+                            accepted_per_position=spec.accepted_per_position, expert_load=result.expert_load,
+                            kv_transfer=self.scheduler.connector.take_stats())
         return EngineCoreOutputs(outputs, finished, it)
 
     def _fail_requests(self, error: RequestStepError) -> EngineCoreOutputs:
@@ -168,7 +181,7 @@ class EngineCore:
             outputs.append(EngineCoreOutput(rid, new_tokens, lps[:len(new_tokens)] if lps is not None else None,
                                             req.finish_reason, req.stop_reason, req.num_cached_tokens, req.events,
                                             req.spec_stats if req.spec_stats.num_drafts else None,
-                                            prompt_lps.pop(rid, None)))
+                                            prompt_lps.pop(rid, None), req.kv_transfer_params))
         for rid, plp in prompt_lps.items():  # a prompt chunk that did not sample yet
             req = self.scheduler.requests.get(rid)
             if req is None:
@@ -176,6 +189,21 @@ class EngineCore:
             outputs.append(EngineCoreOutput(rid, [], None, None, None, req.num_cached_tokens, req.events,
                                             prompt_logprobs=plp))
         return outputs, finished
+
+    def _adopt_first_tokens(self, loaded: list[Request], now: float, outputs: list[EngineCoreOutput],
+                            finished: list[Request]) -> None:
+        """Requests whose prompt KV arrived from a prefill engine take the token it sampled as
+        their first (see tokenmill/disagg/handover_scheduler.py)."""
+        for req in loaded:
+            token = int(req.params.kv_transfer_params["first_token_id"])
+            req.append_token(token, now)
+            reason, stop_reason = self._check_stop(req, token)
+            if reason is not None:
+                req.stop_reason = stop_reason
+                self.scheduler.finish_request(req, reason)
+                finished.append(req)
+            outputs.append(EngineCoreOutput(req.request_id, [token], None, req.finish_reason, req.stop_reason,
+                                            req.num_cached_tokens, req.events))
 
     def _trim_drafts(self, req: Request, drafts: list[int]) -> list[int]:
         """No draft past max_tokens or the context: the step after them would not need it."""

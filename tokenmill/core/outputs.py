@@ -3,6 +3,7 @@ core returns to its frontend, and the per-step statistics."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from tokenmill.request import FinishReason, Request, RequestEvents, SpecDecodingStats
 
@@ -35,6 +36,7 @@ class ModelRunnerOutput:
     expert_load: dict[int, list[int]] | None = None  # MoE: {layer: tokens routed to each expert} this step
     # requests that asked for prompt_logprobs and computed prompt tokens this step (sampling or not)
     prompt_logprobs: dict[str, PromptLogprobs] | None = None
+    kv_connector_output: Any = None  # the KV connector worker half's report (disagg.connector.KVConnectorOutput)
 
 
 @dataclass
@@ -48,6 +50,7 @@ class EngineCoreOutput:
     events: RequestEvents
     spec_stats: SpecDecodingStats | None = None
     prompt_logprobs: PromptLogprobs | None = None
+    kv_transfer_params: dict | None = None  # a finished request's KV hand-over (prefill role)
 
 
 @dataclass
@@ -65,6 +68,7 @@ class IterationStats:
     num_accepted_tokens: int = 0  # of which accepted
     accepted_per_position: list[int] = field(default_factory=list)  # accepted drafts at position 0, 1, ...
     expert_load: dict[int, list[int]] | None = None  # MoE: {layer: tokens routed to each expert} this step
+    kv_transfer: Any = None  # disagg.connector.KVTransferStats of this step, or None
 
     @classmethod
     def idle(cls) -> IterationStats:

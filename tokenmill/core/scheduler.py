@@ -13,10 +13,14 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from tokenmill.core.kv_cache_manager import KVCacheManager
 from tokenmill.core.scheduler_output import CachedRequestData, NewRequestData, SchedulerOutput
 from tokenmill.request import FinishReason, Request, RequestStatus
+
+if TYPE_CHECKING:
+    from tokenmill.disagg.connector import KVConnectorOutput, KVConnectorScheduler
 
 
 @dataclass(frozen=True)
@@ -47,10 +51,17 @@ class SchedulerStats:
 
 class Scheduler:
     def __init__(self, config: SchedulerConfig, kv: KVCacheManager,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, connector: KVConnectorScheduler | None = None) -> None:
         self.config = config
         self.kv = kv
         self.clock = clock
+        if connector is None:
+            from tokenmill.disagg.connector import NullKVConnector
+            connector = NullKVConnector()
+        self.connector = connector  # the KV connector's scheduler half (tokenmill/disagg/connector.py)
+        self.waiting_for_remote_kv: dict[str, Request] = {}  # their KV is being loaded from another engine
+        self.sending: dict[str, Request] = {}  # finished; blocks held until the receiver has them
+        self._released_early: set[str] = set()  # the receiver had them before the request finished
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
@@ -72,15 +83,21 @@ class Scheduler:
             return
         if request.status == RequestStatus.RUNNING:
             self.running.remove(request)
-        else:
+        elif self.waiting_for_remote_kv.pop(request.request_id, None) is None:
             try:
                 self.waiting.remove(request)
             except ValueError:
                 pass
-        self.kv.free(request)
         request.status = RequestStatus.FINISHED
         request.finish_reason = reason
         request.events.finished = self.clock()
+        delay_free, request.kv_transfer_params = self.connector.request_finished(
+            request, self.kv.block_ids(request.request_id))
+        if delay_free and request.request_id not in self._released_early:
+            self.sending[request.request_id] = request
+        else:
+            self._released_early.discard(request.request_id)
+            self.kv.free(request)
         self.requests.pop(request.request_id, None)
         self._sent_blocks.pop(request.request_id, None)
         if request.request_id in self._known:
@@ -88,7 +105,11 @@ class Scheduler:
             self._finished_ids.add(request.request_id)
 
     def has_unfinished(self) -> bool:
-        return bool(self.waiting or self.running)
+        return bool(self.waiting or self.running or self.waiting_for_remote_kv)
+
+    def has_pending_kv_transfers(self) -> bool:
+        """Blocks held for a receiver, or connector work queued: the step loop must keep polling."""
+        return bool(self.sending) or self.connector.has_pending_work()
 
     # -- the step decision --------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
@@ -98,6 +119,8 @@ class Scheduler:
         budget = self._schedule_running(out, self.config.max_num_batched_tokens)
         if self.num_preemptions == preemptions:  # under memory pressure nobody new is admitted
             self._schedule_waiting(out, budget, self.clock())
+        out.kv_connector_metadata = self.connector.build_connector_meta(
+            out.num_scheduled_tokens, self.requests, {rid: self.kv.block_ids(rid) for rid in out.num_scheduled_tokens})
         return out
 
     def defer(self, out: SchedulerOutput) -> None:
@@ -167,6 +190,11 @@ class Scheduler:
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             req = self.waiting[0]
             cached_blocks, num_cached = self.kv.get_computed_blocks(req)
+            num_remote = self.connector.get_num_new_matched_tokens(req, num_cached)
+            if num_remote > 0:
+                if not self._start_remote_load(req, cached_blocks, num_cached, num_remote):
+                    break
+                continue
             n = min(req.num_tokens - num_cached, budget)
             if self.config.long_prefill_token_threshold > 0:
                 n = min(n, self.config.long_prefill_token_threshold)
@@ -184,6 +212,52 @@ class Scheduler:
             self.running.append(req)
             self._emit(out, req, n)
             budget -= n
+
+    def _start_remote_load(self, req: Request, cached_blocks: list, num_cached: int, num_remote: int) -> bool:
+        """Allocate the blocks the remote KV lands in; the request waits for it (not scheduled)."""
+        if not self.kv.allocate_slots(req, num_remote, cached_blocks, admit=bool(self.running)):
+            return False
+        self.waiting.popleft()
+        self.kv.record_prefix_query(req.num_tokens, num_cached)
+        req.num_cached_tokens = num_cached
+        req.num_computed_tokens = num_cached
+        req.status = RequestStatus.WAITING_FOR_REMOTE_KV
+        self.waiting_for_remote_kv[req.request_id] = req
+        self.connector.update_state_after_alloc(req, self.kv.block_ids(req.request_id), num_cached, num_remote)
+        return True
+
+    def update_from_kv_connector(self, output: KVConnectorOutput) -> list[Request]:
+        """The worker half's report: loaded requests run (the landed blocks become findable by
+        hash; returned, so the core adopts the sender's first token), failed ones go back to wait
+        and compute their prompt, and the blocks of requests their receiver has (or that timed
+        out) are freed."""
+        self.connector.update_connector_output(output)
+        loaded = []
+        for rid, record in output.finished_recving.items():
+            req = self.waiting_for_remote_kv.pop(rid, None)
+            if req is not None:  # it owns its blocks: it runs from here
+                req.num_computed_tokens = record.num_tokens
+                self.kv.cache_blocks(req, req.num_computed_tokens)
+                req.status = RequestStatus.RUNNING
+                if req.events.first_scheduled is None:
+                    req.events.first_scheduled = self.clock()
+                self.running.append(req)
+                loaded.append(req)
+        for rid, reason in output.failed_recving.items():
+            req = self.waiting_for_remote_kv.pop(rid, None)
+            if req is not None:
+                self.kv.free(req)
+                req.num_computed_tokens = 0
+                req.status = RequestStatus.WAITING
+                self.connector.request_failed_load(req, reason)
+                self.waiting.appendleft(req)
+        for rid in output.finished_sending:
+            req = self.sending.pop(rid, None)
+            if req is not None:
+                self.kv.free(req)
+            elif rid in self.requests:
+                self._released_early.add(rid)
+        return loaded
 
     def _emit(self, out: SchedulerOutput, req: Request, n: int) -> None:
         rid = req.request_id
@@ -215,6 +289,7 @@ class Scheduler:
         used_slots = self.kv.pool.num_used_blocks * self.kv.block_size
         stored = sum(r.num_computed_tokens for r in self.running)
         return SchedulerStats(
-            num_running=len(self.running), num_waiting=len(self.waiting), kv_usage=self.kv.usage(),
+            num_running=len(self.running), num_waiting=len(self.waiting) + len(self.waiting_for_remote_kv),
+            kv_usage=self.kv.usage(),
             block_fill=min(1.0, stored / used_slots) if used_slots else 0.0,
             num_preemptions_total=self.num_preemptions)

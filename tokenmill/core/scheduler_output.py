@@ -4,6 +4,7 @@ process, a prefill/decode pair) or be consumed by the simulator's performance mo
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from tokenmill.sampling_params import SamplingParams
 
@@ -41,6 +42,8 @@ class SchedulerOutput:
     finished_request_ids: set[str] = field(default_factory=set)
     # preempted this step: the executor drops their batch state (they come back as new requests)
     preempted_request_ids: list[str] = field(default_factory=list)
+    # the KV connector's loads and saves for this step (tokenmill/disagg/connector.py), or None
+    kv_connector_metadata: Any = None
 
     @property
     def total_num_scheduled_tokens(self) -> int:

@@ -7,7 +7,8 @@ import json
 import dataclasses
 import re
 
-from tokenmill.config import ATTENTION_BACKENDS, DTYPES, KV_CACHE_DTYPES, QUANTIZATIONS, EngineConfig
+from tokenmill.config import (ATTENTION_BACKENDS, DTYPES, KV_CACHE_DTYPES, KV_CONNECTORS, KV_ROLES, QUANTIZATIONS,
+                              EngineConfig)
 
 _ENGINE_DEFAULTS = {f.name: f.default for f in dataclasses.fields(EngineConfig)}
 
@@ -16,7 +17,7 @@ ENGINE_FLAGS = ("dtype", "max_model_len", "block_size", "kv_cache_memory_gb", "n
                 "quantization", "quant_group_size",
                 "enable_prefix_caching", "max_num_batched_tokens", "max_num_seqs",
                 "long_prefill_token_threshold", "attention_backend", "batch_invariant", "seed", "num_threads", "tokenizer",
-                "speculative_config")
+                "speculative_config", "kv_role", "kv_transfer_timeout_s", "kv_connector")
 
 
 def json_object(text: str) -> dict:
@@ -112,6 +113,17 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                      help='speculative decoding, as vLLM\'s: e.g. \'{"method": "ngram", "num_speculative_tokens": 4, '
                           '"prompt_lookup_max": 5, "prompt_lookup_min": 2}\'; methods ngram, layer_skip '
                           '(+ "num_draft_layers"), draft_model (+ "model": an HF folder or .gguf) (default: off)')
+    eng.add_argument("--role", dest="kv_role", choices=KV_ROLES, default=d["kv_role"],
+                     help="prefill/decode disaggregation: prefill (shares its KV cache in shared memory and hands "
+                          "requests' KV over), decode (loads KV handed over), both (neither: today's engine) "
+                          "(default: %(default)s)")
+    eng.add_argument("--kv-transfer-timeout", dest="kv_transfer_timeout_s", type=non_negative_float,
+                     default=d["kv_transfer_timeout_s"],
+                     help="role prefill: seconds a handed-over request's blocks stay held for the decode engine "
+                          "before they are freed (default: %(default)s)")
+    eng.add_argument("--kv-connector", choices=KV_CONNECTORS, default=d["kv_connector"],
+                     help="how KV moves between prefill and decode engines: shm (shared memory, one machine), "
+                          "nixl (NIXL over UCX, pull model; pip install 'tokenmill[nixl]') (default: %(default)s)")
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict:
@@ -120,6 +132,7 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
 
 
 ENGINE_FIELD_FLAGS = {name: "--" + name.replace("_", "-") for name in ENGINE_FLAGS}
+ENGINE_FIELD_FLAGS.update(kv_role="--role", kv_transfer_timeout_s="--kv-transfer-timeout")
 
 
 def name_the_flag(message: str, field_flags: dict[str, str]) -> str:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from tokenmill.config import EngineConfig
 from tokenmill.core.engine_core import EngineCore
 from tokenmill.core.kv_cache_manager import KVCacheManager
+from tokenmill.core.kv_events import KVEventLog
 from tokenmill.core.outputs import EngineCoreOutput, IterationStats, PromptLogprobs, SampledLogprobs
 from tokenmill.engine.detokenizer import DetokState, IncrementalDetokenizer
 from tokenmill.engine.errors import EngineSleepingError
@@ -52,6 +53,7 @@ class _Sample:
     num_cached_tokens: int = 0
     events: RequestEvents | None = None
     spec_stats: SpecDecodingStats | None = None
+    kv_transfer_params: dict | None = None
 
 
 @dataclass
@@ -85,7 +87,8 @@ class LLMEngine:
         self.runner = ModelRunner(cfg)
         kv = KVCacheManager(cfg.cache.num_blocks, cfg.cache.block_size, cfg.cache.enable_prefix_caching,
                             extra_key=cfg.cache.block_hash_key, sliding_window=cfg.cache.sliding_window)
-        self.core = EngineCore(cfg.scheduler, kv, self.runner)
+        kv.pool.events = KVEventLog()  # stored/evicted block hashes, for KV-aware routers
+        self.core = EngineCore(cfg.scheduler, kv, self.runner, kv_connector=self._kv_connector(cfg))
         self.detokenizer = IncrementalDetokenizer(self.tokenizer)
         self.eos_token_id = self.tokenizer.eos_token_id
         if self.eos_token_id is None and cfg.model.arch.eos_token_ids:
@@ -98,6 +101,15 @@ class LLMEngine:
         self._ids = itertools.count()
         freeze_startup_heap()
 
+
+    @staticmethod
+    def _kv_connector(cfg):
+        """The KV connector's scheduler half for a prefill or decode role (None: role both)."""
+        if cfg.kv_role == "both":
+            return None
+        from tokenmill.disagg.handover_scheduler import HandoverConnectorScheduler
+        return HandoverConnectorScheduler(cfg.cache.block_size, cfg.cache.block_hash_key, cfg.kv_transfer_timeout_s,
+                                          cfg.model.arch.vocab_size)
 
     # -- facts ----------------------------------------------------------------------------------
     @property
@@ -200,7 +212,8 @@ class LLMEngine:
         return self.core.num_waiting_requests
 
     def has_unfinished_requests(self) -> bool:
-        return bool(self.parents)
+        """Requests in flight, or KV hand-overs whose blocks are still held (the loop polls them)."""
+        return bool(self.parents) or self.core.has_pending_kv_transfers()
 
     def get_num_unfinished_requests(self) -> int:
         return len(self.parents)
@@ -233,6 +246,7 @@ class LLMEngine:
         Returns the core requests this ended (for statistics)."""
         sample.events, sample.num_cached_tokens = out.events, out.num_cached_tokens
         sample.spec_stats = out.spec_stats or sample.spec_stats
+        sample.kv_transfer_params = out.kv_transfer_params or sample.kv_transfer_params
         min_tokens = sample.params.min_tokens
         for i, token in enumerate(out.new_token_ids):
             sample.token_ids.append(token)
@@ -282,7 +296,8 @@ class LLMEngine:
                                      decode_device_seconds=sum(e.decode_device_seconds for e in evs))
         return RequestOutput(parent.request_id, parent.prompt, parent.prompt_token_ids, outs,
                              finished=parent.finished, num_cached_tokens=parent.samples[0].num_cached_tokens,
-                             metrics=metrics, prompt_logprobs=parent.prompt_logprobs)
+                             metrics=metrics, prompt_logprobs=parent.prompt_logprobs,
+                             kv_transfer_params=parent.samples[0].kv_transfer_params)
 
     def _completion(self, s: _Sample) -> CompletionOutput:
         done = s.finish_reason is not None

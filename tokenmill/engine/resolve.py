@@ -38,7 +38,8 @@ def resolve_config(cfg: EngineConfig) -> TokenmillConfig:
         device=DeviceConfig(num_threads=budget.threads, adaptive_threads=cfg.num_threads is None,
                             threads_reason=budget.reason, attention_backend=cfg.attention_backend, seed=cfg.seed,
                             batch_invariant=cfg.batch_invariant),
-        speculative=spec)
+        speculative=spec, kv_role=cfg.kv_role, kv_transfer_timeout_s=cfg.kv_transfer_timeout_s,
+        kv_connector=cfg.kv_connector)
 
 
 def resolve_model_folder(model: str | None) -> Path:

@@ -26,6 +26,11 @@ Series (units in the names; counters end in _total):
               tokenmill:moe_expert_tokens_total{layer, expert} (MoE models: tokens routed to each
               expert; each token counts once per chosen expert)
   MoE gauge   tokenmill:moe_expert_load_imbalance{layer}: busiest expert's tokens / mean, since start
+  KV transfer (prefill/decode roles): histograms tokenmill:kv_transfer_seconds,
+              tokenmill:kv_transfer_bytes (per request loaded from a prefill engine); counters
+              tokenmill:kv_transfer_recomputes_total{reason} (a hand-over that could not be used: the
+              decode engine computed the prompt itself), tokenmill:kv_transfer_sends_total{outcome}
+              (acked, timeout, failed: how a prefill engine's held blocks were released)
 The cost gauge is the cost of a token while the engine is busy (what a fully loaded device would
 pay). What the device really costs at the current traffic, idle time included, is a PromQL away:
   tokenmill:price_per_hour_usd / 3600 * 1e6 / rate(tokenmill:generation_tokens_total[5m])
@@ -54,6 +59,7 @@ TOKEN_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.
                          1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
 REQUEST_LATENCY_BUCKETS = (0.01, 0.05, 0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0,
                            40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+KV_BYTES_BUCKETS = tuple(float(1 << k) for k in range(16, 36, 2))  # 64 KiB .. 16 GiB
 TOKEN_COUNT_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000, 100000)
 
 
@@ -127,6 +133,14 @@ class PrometheusStatLogger:
         self._expert_imbalance = Gauge(PREFIX + "moe_expert_load_imbalance", "Busiest expert's tokens over the "
                                        "mean tokens per expert of a MoE layer, since start (1 = even).",
                                        labels + ["layer"], registry=reg)
+        self.kv_seconds = hist("kv_transfer_seconds", "Time to load one request's KV from a prefill engine "
+                               "(copy and checks).", TOKEN_LATENCY_BUCKETS)
+        self.kv_bytes = hist("kv_transfer_bytes", "Bytes of KV loaded for one request.", KV_BYTES_BUCKETS)
+        self._kv_recomputes = Counter(PREFIX + "kv_transfer_recomputes", "KV hand-overs not used: the prompt was "
+                                      "computed locally instead.", labels + ["reason"], registry=reg)
+        self._kv_sends = Counter(PREFIX + "kv_transfer_sends", "KV hand-overs whose held blocks were released, "
+                                 "by outcome (acked by the receiver, timeout, failed to publish).",
+                                 labels + ["outcome"], registry=reg)
         self.expert_load = ExpertLoad()
         for reason in ("stop", "length"):
             self._success.labels(model_name, reason)
@@ -167,8 +181,19 @@ class PrometheusStatLogger:
             self.throughput.set(self.cost.tokens_per_second)
         if it.expert_load:
             self._record_expert_load(it.expert_load)
+        if it.kv_transfer is not None:
+            self._record_kv_transfer(it.kv_transfer)
         for req in finished:
             self._finished(req)
+
+    def _record_kv_transfer(self, st) -> None:
+        for rec in st.received:
+            self.kv_seconds.observe(rec.seconds)
+            self.kv_bytes.observe(rec.num_bytes)
+        for reason, n in st.recomputes.items():
+            self._kv_recomputes.labels(self.model_name, reason).inc(n)
+        for outcome, n in st.sends.items():
+            self._kv_sends.labels(self.model_name, outcome).inc(n)
 
     def _record_expert_load(self, step: dict[int, list[int]]) -> None:
         """{model layer index: tokens per expert} of one step."""

@@ -3,6 +3,7 @@
 Routes: POST /v1/completions, POST /v1/chat/completions (JSON or SSE with `stream`), GET /v1/models,
 POST /tokenize and /detokenize (vLLM's), with --enable-sleep-mode POST /sleep, POST /wake_up, GET
 /is_sleeping (vLLM's sleep mode: the KV cache released, weights kept; 409 while requests are unfinished),
+GET /v1/kv/events (the prefix cache's stored/evicted block hashes, for KV-aware routers),
 GET /health (503 while loading, shutting down, or after the engine loop died), GET /metrics
 (Prometheus text). Every error is an OpenAI error body {"error": {message, type, param, code}}.
 Serving the process (`run_server`, `main`, SIGTERM) is in launch.py.
@@ -161,6 +162,20 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
         return {"object": "list", "data": [
             {"id": name, "object": "model", "created": state.started_at, "owned_by": "tokenmill", "root": root,
              "max_model_len": state.engine.max_model_len} for name in state.served_model_names]}
+
+    @app.get("/v1/kv/events")
+    async def kv_events(since: int = 0):
+        """Block hashes this engine's prefix cache stored and evicted since `since` (a KV-aware
+        router's view of the cache; see tokenmill/core/kv_events.py), with the role and what a
+        router needs to hash prompts the same way (block size, hash key)."""
+        err = state.unavailable()
+        if err is not None:
+            raise err
+        engine = state.engine.engine
+        batch = engine.core.kv.pool.events.since(since)
+        return {"seq": batch.seq, "reset": batch.reset, "stored": [h.hex() for h in batch.stored],
+                "removed": [h.hex() for h in batch.removed], "block_size": engine.config.cache.block_size,
+                "hash_key": engine.config.cache.block_hash_key, "role": engine.config.kv_role}
 
     @app.get("/health")
     async def health():

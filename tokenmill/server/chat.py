@@ -16,7 +16,7 @@ from tokenmill.server.echo import prompt_logprobs_json
 from tokenmill.server.errors import APIError
 from tokenmill.server.logprobs import chat_logprobs
 from tokenmill.server.protocol import ChatCompletionRequest, ChatMessage
-from tokenmill.server.serving import OpenAIServing, chunk, usage
+from tokenmill.server.serving import OpenAIServing, chunk, kv_transfer_field, usage
 from tokenmill.server.sse import DONE, EventStream, sse_json
 from tokenmill.server.structured_outputs import structured_outputs_of
 from tokenmill.server.tokenization import PromptError
@@ -82,7 +82,7 @@ class OpenAIServingChat(OpenAIServing):
                 choice["token_ids"] = c.token_ids
             choices.append(choice)
         body = {"id": rid, "object": "chat.completion", "created": created, "model": self.model_name,
-                "choices": choices, "usage": usage([out])}
+                "choices": choices, "usage": usage([out]), **kv_transfer_field([out])}
         if req.return_token_ids:
             body["prompt_token_ids"] = out.prompt_token_ids
         if req.prompt_logprobs is not None:

@@ -15,7 +15,7 @@ from tokenmill.server.echo import EchoPrompt, echo_delta, prompt_logprobs_json, 
 from tokenmill.server.errors import APIError
 from tokenmill.server.logprobs import completion_logprobs
 from tokenmill.server.protocol import CompletionRequest
-from tokenmill.server.serving import OpenAIServing, chunk, usage
+from tokenmill.server.serving import OpenAIServing, chunk, kv_transfer_field, usage
 from tokenmill.server.sse import DONE, EventStream, sse_json
 from tokenmill.server.structured_outputs import structured_outputs_of
 
@@ -46,7 +46,8 @@ class OpenAIServingCompletion(OpenAIServing):
             return Response(status_code=499)  # the client is gone: nobody reads this
         outs = [final[i] if req.max_tokens != 0 else prompt_only(final[i]) for i in ids]
         return JSONResponse({"id": base, "object": "text_completion", "created": created, "model": self.model_name,
-                             "choices": _choices(outs, req, echoes), "usage": usage(outs)})
+                             "choices": _choices(outs, req, echoes), "usage": usage(outs),
+                             **kv_transfer_field(outs)})
 
     def _check_request(self, req: CompletionRequest) -> None:
         self._check_model(req.model)

@@ -44,6 +44,7 @@ class _SamplingFields(_Base):
     include_stop_str_in_output: bool = False
     return_token_ids: bool = False  # add token ids (prompt and output) to the response
     prompt_logprobs: int | None = None  # logprobs of the prompt tokens (vLLM's format; not with stream)
+    kv_transfer_params: dict[str, Any] | None = None  # prefill/decode hand-over (vLLM's; tokenmill/disagg)
     # structured outputs (OpenAI's response_format; vLLM's structured_outputs and guided_*)
     response_format: dict[str, Any] | None = None
     structured_outputs: dict[str, Any] | None = None

@@ -67,7 +67,8 @@ class OpenAIServing:
                                       ignore_eos=req.ignore_eos, stop=req.stop, stop_token_ids=req.stop_token_ids,
                                       skip_special_tokens=req.skip_special_tokens,
                                       include_stop_str_in_output=req.include_stop_str_in_output, logprobs=logprobs,
-                                      structured_outputs=structured, prompt_logprobs=prompt_logprobs)
+                                      structured_outputs=structured, prompt_logprobs=prompt_logprobs,
+                                      kv_transfer_params=req.kv_transfer_params)
         kwargs.update({name: getattr(req, name) for name in _SAMPLING_FIELDS if getattr(req, name) is not None})
         try:
             return SamplingParams(**kwargs)
@@ -120,6 +121,12 @@ def engine_usage(outputs: list[RequestOutput]) -> dict:
             "decode_device_seconds": sum(m.decode_device_seconds for m in ms),
             "ttft_s": max(ttfts) if ttfts else None,
             "tpot_s": sum(tpots) / len(tpots) if tpots else None}
+
+
+def kv_transfer_field(outputs: list[RequestOutput]) -> dict:
+    """A prefill engine's hand-over (vLLM's top-level "kv_transfer_params"), when there is one."""
+    params = next((o.kv_transfer_params for o in outputs if o.kv_transfer_params is not None), None)
+    return {"kv_transfer_params": params} if params is not None else {}
 
 
 def chunk(head: dict, choices: list[dict], include_usage: bool) -> str:

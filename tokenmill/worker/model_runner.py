@@ -101,6 +101,12 @@ class ModelRunner:
         self.kv_spec = layer_spec.with_num_blocks(cache.num_blocks)
         self.kv_caches = cls.allocate_kv_caches(model.arch, cache.kv_cache_dtype, self.dtype, cache.block_size,
                                                 cache.num_blocks)
+        self.kv_connector = None  # the KV connector's worker half (prefill/decode roles)
+        if config.kv_role != "both":
+            from tokenmill.disagg.workers import make_connector_worker
+            self.kv_connector = make_connector_worker(config.kv_connector, config.kv_role, self.kv_caches,
+                                                      cache.num_blocks)
+            self.kv_caches = self.kv_connector.kv_caches  # shm: a prefill engine's now live in shared memory
         self.kv_bytes_per_token = cache.bytes_per_token
         self.sampler = Sampler(model.arch.vocab_size)
         self.structured = StructuredDecoding(str(model.tokenizer), model.arch.vocab_size)
@@ -140,6 +146,15 @@ class ModelRunner:
     # -- Executor -------------------------------------------------------------------------------
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
+        if self.kv_connector is None:
+            return self._execute(out)
+        self.kv_connector.start_load_kv(out.kv_connector_metadata)
+        result = self._execute(out)
+        self.kv_connector.save_kv(out.kv_connector_metadata)
+        result.kv_connector_output = self.kv_connector.get_finished()
+        return result
+
+    def _execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
         self._update_states(out)
         if out.is_empty:
             return ModelRunnerOutput([], [])

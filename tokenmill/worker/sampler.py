@@ -76,7 +76,12 @@ class Sampler:
         noise = torch.empty_like(probs).exponential_()
         for i, r in enumerate(reqs):
             if r.params.seed is not None:
-                noise[i].exponential_(generator=self.generator(r))
+                fresh = r.request_id not in self.generators
+                gen = self.generator(r)
+                if fresh:  # tokens another engine sampled (a prefill engine's first): replay their draws
+                    for _ in range(r.num_output_tokens):
+                        torch.empty_like(noise[i]).exponential_(generator=gen)
+                noise[i].exponential_(generator=gen)
         return (probs / noise).argmax(dim=-1)
 
     def uniform(self, req: SamplingRequest) -> float:

@@ -1,0 +1,2 @@
+"""Prefill/decode disaggregation: the KV connector (two halves), the shared-memory connector, the
+router's policy and the router."""
