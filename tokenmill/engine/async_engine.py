@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tokenmill.engine.errors import EngineDeadError, EngineShutdownError, QueueFullError, RequestFailedError
+from tokenmill.engine.request_stream import RequestStream, call_in_loop, deliver_all, set_exception, set_result
 from tokenmill.request import FinishReason, RequestOutput
 from tokenmill.sampling_params import SamplingParams
 
@@ -64,70 +65,6 @@ class _Call:
     fn: Callable[[Any], Any]
     future: asyncio.Future
     loop: asyncio.AbstractEventLoop
-
-
-class RequestStream:
-    """The outputs of one or more engine requests (e.g. the prompts of one API call).
-
-    Iterate it (or call `next_outputs`) to get RequestOutputs; it ends when every request has
-    finished. Outputs are cumulative, so only the latest one per request is kept until read: a slow
-    reader skips intermediate ones and memory stays bounded. Closing it early (break,
-    cancellation, `abort()`) aborts the requests that have not finished."""
-
-    def __init__(self, engine: AsyncLLMEngine, request_ids: list[str], loop: asyncio.AbstractEventLoop) -> None:
-        self.engine = engine
-        self.request_ids = list(request_ids)
-        self.loop = loop
-        self.unfinished = set(request_ids)
-        self._latest: dict[str, RequestOutput] = {}
-        self._error: BaseException | None = None
-        self._news = asyncio.Event()
-        self._closed = False
-
-    def _deliver(self, item: RequestOutput | BaseException) -> None:  # event-loop thread
-        if isinstance(item, BaseException):
-            if self._error is None:
-                self._error = item
-        else:
-            self._latest[item.request_id] = item
-        self._news.set()
-
-    @property
-    def finished(self) -> bool:
-        return not self.unfinished
-
-    async def next_outputs(self) -> list[RequestOutput]:
-        """Wait for news; returns the latest output of each request that changed (in arrival
-        order). Raises the engine's error if there is one; [] once everything has finished."""
-        if not self.unfinished:
-            return []
-        await self._news.wait()
-        self._news.clear()
-        if self._error is not None:
-            self.abort()
-            raise self._error
-        latest, self._latest = self._latest, {}
-        for rid, out in latest.items():
-            if out.finished:
-                self.unfinished.discard(rid)
-        return list(latest.values())
-
-    async def __aiter__(self) -> AsyncIterator[RequestOutput]:
-        try:
-            while self.unfinished:
-                for out in await self.next_outputs():
-                    yield out
-        finally:
-            self.abort()
-
-    def abort(self) -> None:
-        """Abort the requests that have not finished (idempotent, synchronous, never raises)."""
-        if self._closed:
-            return
-        self._closed = True
-        if self.unfinished:
-            self.engine.abort(list(self.unfinished))
-            self.unfinished.clear()
 
 
 class AsyncLLMEngine:
@@ -273,7 +210,7 @@ class AsyncLLMEngine:
         with self._cond:
             if self._closed:  # the loop has stopped: nobody would ever answer this command
                 if isinstance(command, (_Add, _Call)):
-                    _set_exception(command.future, self._closed_error())
+                    set_exception(command.future, self._closed_error())
                 return
             if isinstance(command, _Add):
                 self._pending_adds += len(command.requests)
@@ -329,17 +266,17 @@ class AsyncLLMEngine:
                     engine.abort_request(rid)
                     stream = self._streams.pop(rid, None)
                     if stream is not None and cmd.error is not None:
-                        _call(stream.loop, stream._deliver, cmd.error)
+                        call_in_loop(stream.loop, stream._deliver, cmd.error)
                 aborted = True
             elif isinstance(cmd, _Call):
                 try:
-                    _call(cmd.loop, _set_result, cmd.future, cmd.fn(engine))
+                    call_in_loop(cmd.loop, set_result, cmd.future, cmd.fn(engine))
                 except Exception as e:
-                    _call(cmd.loop, _set_exception, cmd.future, e)
+                    call_in_loop(cmd.loop, set_exception, cmd.future, e)
             elif isinstance(cmd, _AbortAll):
                 for rid, stream in list(self._streams.items()):
                     engine.abort_request(rid)
-                    _call(stream.loop, stream._deliver, cmd.error)
+                    call_in_loop(stream.loop, stream._deliver, cmd.error)
                 self._streams.clear()
                 aborted = True
         if aborted:
@@ -360,11 +297,11 @@ class AsyncLLMEngine:
             except Exception as e:
                 for rid in added:
                     engine.abort_request(rid)
-                _call(cmd.stream.loop, _set_exception, cmd.future, e)
+                call_in_loop(cmd.stream.loop, set_exception, cmd.future, e)
                 return
         for rid in added:
             self._streams[rid] = cmd.stream
-        _call(cmd.stream.loop, _set_result, cmd.future, None)
+        call_in_loop(cmd.stream.loop, set_result, cmd.future, None)
 
     def _dispatch(self, outputs: list[RequestOutput]) -> None:
         batches: dict[asyncio.AbstractEventLoop, list] = defaultdict(list)
@@ -378,7 +315,7 @@ class AsyncLLMEngine:
                     out = RequestFailedError(out.request_id)  # the stream raises it (and aborts its others)
             batches[stream.loop].append((stream, out))
         for loop, items in batches.items():
-            _call(loop, _deliver_all, items)
+            call_in_loop(loop, deliver_all, items)
 
     def _fail_everything(self, error: BaseException) -> None:
         with self._cond:
@@ -387,13 +324,13 @@ class AsyncLLMEngine:
             self._pending_adds = 0
         for cmd in commands:
             if isinstance(cmd, _Add):
-                _call(cmd.stream.loop, _set_exception, cmd.future, error)
+                call_in_loop(cmd.stream.loop, set_exception, cmd.future, error)
         for rid, stream in list(self._streams.items()):
             try:
                 self.engine.abort_request(rid)
             except Exception:
                 pass
-            _call(stream.loop, stream._deliver, error)
+            call_in_loop(stream.loop, stream._deliver, error)
         self._streams.clear()
 
     def _refresh_stats(self) -> None:
@@ -402,25 +339,3 @@ class AsyncLLMEngine:
             self.engine.log_stats()
         except Exception:
             logger.exception("stat refresh failed")
-
-
-def _call(loop: asyncio.AbstractEventLoop, fn: Callable, *args) -> None:
-    try:
-        loop.call_soon_threadsafe(fn, *args)
-    except RuntimeError:  # the event loop is closed: nobody is listening any more
-        pass
-
-
-def _set_result(fut: asyncio.Future, value) -> None:
-    if not fut.done():
-        fut.set_result(value)
-
-
-def _set_exception(fut: asyncio.Future, exc: BaseException) -> None:
-    if not fut.done():
-        fut.set_exception(exc)
-
-
-def _deliver_all(items: list[tuple[RequestStream, RequestOutput]]) -> None:
-    for stream, out in items:
-        stream._deliver(out)

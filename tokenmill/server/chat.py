@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from tokenmill.engine.async_engine import RequestStream
+from tokenmill.engine.request_stream import RequestStream
 from tokenmill.request import RequestOutput
 from tokenmill.server.deltas import ChoiceDelta, OutputDeltas
 from tokenmill.server.chat_tools import ChatTools, ToolDeltas

@@ -5,7 +5,7 @@ import asyncio
 
 from starlette.requests import Request
 
-from tokenmill.engine.async_engine import RequestStream
+from tokenmill.engine.request_stream import RequestStream
 from tokenmill.request import RequestOutput
 
 

@@ -7,7 +7,8 @@ from typing import Any
 
 from starlette.requests import Request
 
-from tokenmill.engine.async_engine import AsyncLLMEngine, RequestStream
+from tokenmill.engine.async_engine import AsyncLLMEngine
+from tokenmill.engine.request_stream import RequestStream
 from tokenmill.request import RequestOutput
 from tokenmill.sampling_params import SamplingParams, StructuredOutputsParams
 from tokenmill.server.disconnect import ClientGone, collect
