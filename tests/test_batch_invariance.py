@@ -67,9 +67,12 @@ PROMPTS = [[5, 9, 33, 7, 81, 9, 33, 7, 12, 9, 33], list(range(40, 63)), [300, 30
            [7] * 5, list(range(100, 160, 3)), [11, 12, 13, 14, 11, 12, 13, 14, 11]]
 
 
-def _logprobs(llm: LLM, prompts: list[list[int]]) -> list[list[float]]:
+def _generate(llm: LLM, prompts: list[list[int]]):
     params = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True, logprobs=0)
-    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    return llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+
+
+def _logprobs(outs) -> list[list[float]]:
     return [[lp[t].logprob for t, lp in zip(o.outputs[0].token_ids, o.outputs[0].logprobs)] for o in outs]
 
 
@@ -77,20 +80,15 @@ def _logprobs(llm: LLM, prompts: list[list[int]]) -> list[list[float]]:
 def test_logprobs_are_identical_alone_batched_and_speculated_in_bfloat16(tiny_llama, invariant):
     kw = dict(dtype="bfloat16", num_kv_blocks=256, block_size=4, batch_invariant=True)
     plain = LLM(str(tiny_llama), **kw)
-    batched = _logprobs(plain, PROMPTS)
-    alone = [_logprobs(plain, [p])[0] for p in PROMPTS]
+    batched = _logprobs(_generate(plain, PROMPTS))
+    alone = [_logprobs(_generate(plain, [p]))[0] for p in PROMPTS]
     assert batched == alone  # exact floats: same tokens and the same logits behind them
     spec = LLM(str(tiny_llama), speculative_config={"method": "ngram", "num_speculative_tokens": 4,
                                                     "prompt_lookup_min": 1}, **kw)
-    assert _logprobs(spec, PROMPTS) == batched
-    drafted = spec.llm_engine.runner.proposer  # the check is only meaningful if drafts were verified
-    assert sum(s.num_draft_tokens for s in _spec_stats(spec)) > 0, drafted
-
-
-def _spec_stats(llm: LLM):
-    params = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True)
-    outs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params, use_tqdm=False)
-    return [o.metrics.spec_decoding for o in outs if o.metrics.spec_decoding is not None]
+    outs = _generate(spec, PROMPTS)
+    assert _logprobs(outs) == batched
+    # only meaningful if drafts were verified
+    assert sum(o.metrics.spec_decoding.num_draft_tokens for o in outs if o.metrics.spec_decoding) > 0
 
 
 def test_batch_invariant_needs_our_kernels_and_their_dtypes(tiny_llama):

@@ -12,15 +12,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tokenmill.bench.arrivals import arrival_offsets, trace_offsets
 from tokenmill.bench.workloads import (
     WORDS,
     BenchError,
     PromptBuilder,
-    arrival_offsets,
     load_trace,
     lognormal_lengths,
     make_workload,
-    trace_offsets,
     uniform_lengths,
 )
 

@@ -18,7 +18,8 @@ from tokenmill.bench.plan import Plan
 from tokenmill.bench.price import PriceChoice, choose_price
 from tokenmill.bench.fmt import rate_label
 from tokenmill.bench.report import sweep_markdown, write_run, write_sweep
-from tokenmill.bench.workloads import BenchError, BenchRequest, arrival_offsets, trace_offsets
+from tokenmill.bench.arrivals import arrival_offsets, trace_offsets
+from tokenmill.bench.workloads import BenchError, BenchRequest
 
 EXIT_INTERRUPTED = 130
 

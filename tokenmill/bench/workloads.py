@@ -26,7 +26,7 @@ up to re-tokenisation at joins); otherwise from a fixed list of common English w
 token each (with their leading space) in GPT-2/Llama-style BPE vocabularies, so one word is about
 one token.
 
-Arrivals: Poisson at rate ``r`` when the burstiness (the coefficient of variation CV of the
+Arrivals (`bench/arrivals.py`): Poisson at rate ``r`` when the burstiness (the coefficient of variation CV of the
 inter-arrival times) is 1; otherwise gamma inter-arrival times with shape ``1/CV**2`` and mean
 ``1/r`` (CV < 1 is smoother than Poisson, CV > 1 burstier, CV = 0 a fixed interval).
 An infinite rate sends everything at once.
@@ -383,27 +383,3 @@ def load_trace(path: Path, builder: PromptBuilder, seed: int = 0) -> list[BenchR
     reqs.sort(key=lambda r: r.timestamp)
     t0 = reqs[0].timestamp or 0.0
     return [dataclasses.replace(r, timestamp=(r.timestamp or 0.0) - t0) for r in reqs]
-
-
-# ---------------------------------------------------------------- arrivals
-
-
-def arrival_offsets(n: int, rate: float, cv: float, rng: np.random.Generator) -> np.ndarray:
-    """Send times (seconds from the start) of n requests; the first goes at 0.
-
-    Inter-arrival times are gamma with shape 1/cv**2 and mean 1/rate (cv=1: Poisson).
-    """
-    if n <= 0:
-        return np.zeros(0)
-    if math.isinf(rate):
-        return np.zeros(n)
-    if cv == 0:
-        gaps = np.full(n - 1, 1.0 / rate)
-    else:
-        shape = 1.0 / cv**2
-        gaps = rng.gamma(shape, 1.0 / (rate * shape), size=n - 1)
-    return np.concatenate([[0.0], np.cumsum(gaps)])
-
-
-def trace_offsets(requests: list[BenchRequest]) -> np.ndarray:
-    return np.array([r.timestamp or 0.0 for r in requests], dtype=float)

@@ -20,7 +20,8 @@ import time
 import uuid
 from typing import Any
 
-from tokenmill.disagg.connector import KVConnectorMetadata, KVConnectorOutput, LoadSpec, SaveSpec, TransferRecord
+from tokenmill.disagg.connector import LoadSpec, SaveSpec
+from tokenmill.disagg.worker_base import ConnectorWorkerBase
 from tokenmill.disagg.shm_region import block_bytes_of, block_checksums, byte_rows, flat_tensors
 from tokenmill.disagg.shm_worker import _Failure, block_runs
 
@@ -42,8 +43,9 @@ def import_nixl():
     return nixl_agent, nixl_agent_config
 
 
-class NixlConnectorWorker:
+class NixlConnectorWorker(ConnectorWorkerBase):
     def __init__(self, role: str, kv_caches: list, num_blocks: int, clock=time.monotonic) -> None:
+        super().__init__()
         nixl_agent, nixl_agent_config = import_nixl()
         self.role = role
         self.num_blocks = num_blocks
@@ -61,27 +63,10 @@ class NixlConnectorWorker:
         self._pending: dict[int, tuple[str, float]] = {}
         self._acked: set[int] = set()  # transfer ids the receiver notified
         self._next_id = 1
-        self._out = KVConnectorOutput()
         logger.info("NIXL agent %s (UCX) registered %d KV tensors, %.1f MiB", self.name, len(self.rows),
                     sum(b * num_blocks for b in self.block_bytes) / (1 << 20))
 
     # -- receiving ------------------------------------------------------------------------------
-    def start_load_kv(self, metadata: KVConnectorMetadata | None) -> None:
-        if metadata is None:
-            return
-        for load in metadata.loads:
-            t0 = time.perf_counter()
-            try:
-                record = self._load(load)
-            except Exception as e:  # noqa: BLE001 - any failure means: compute the prompt here
-                if not load.ack_only:
-                    self._out.failed_recving[load.request_id] = getattr(e, "reason", "error")
-                logger.warning("KV load for %s failed (%s): computing its prompt locally", load.request_id, e)
-                continue
-            if record is not None:
-                self._out.finished_recving[load.request_id] = TransferRecord(
-                    load.request_id, record[0], record[1], time.perf_counter() - t0)
-
     def _remote(self, p: dict[str, Any]) -> str:
         name = p.get("remote_agent")
         if not isinstance(name, str) or "agent_metadata" not in p:
@@ -134,12 +119,6 @@ class NixlConnectorWorker:
         return int(p["num_tokens"]), len(remote_ids) * sum(self.block_bytes)
 
     # -- sending --------------------------------------------------------------------------------
-    def save_kv(self, metadata: KVConnectorMetadata | None) -> None:
-        if metadata is None or not metadata.saves:
-            return
-        for save in metadata.saves:
-            self._out.saved[save.request_id] = self._save(save)
-
     def _save(self, save: SaveSpec) -> dict[str, Any]:
         tid = self._next_id
         self._next_id += 1
@@ -164,11 +143,6 @@ class NixlConnectorWorker:
                 self._out.finished_sending[rid] = "acked" if tid in self._acked else "timeout"
                 self._acked.discard(tid)
                 del self._pending[tid]
-
-    def get_finished(self) -> KVConnectorOutput | None:
-        self._poll_sends(skip=set(self._out.saved))
-        out, self._out = self._out, KVConnectorOutput()
-        return None if out.is_empty else out
 
     def close(self) -> None:
         pass

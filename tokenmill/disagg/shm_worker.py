@@ -17,7 +17,8 @@ import logging
 import time
 from typing import Any
 
-from tokenmill.disagg.connector import KVConnectorMetadata, KVConnectorOutput, LoadSpec, SaveSpec, TransferRecord
+from tokenmill.disagg.connector import LoadSpec, SaveSpec
+from tokenmill.disagg.worker_base import ConnectorWorkerBase
 from tokenmill.disagg.shm_region import REGION_PREFIX, SLOTS, KVRegion, RemoteRegion, block_bytes_of, block_checksums, byte_rows, flat_tensors
 
 logger = logging.getLogger(__name__)
@@ -25,8 +26,9 @@ logger = logging.getLogger(__name__)
 MAX_ATTACHED_REGIONS = 16
 
 
-class ShmConnectorWorker:
+class ShmConnectorWorker(ConnectorWorkerBase):
     def __init__(self, role: str, kv_caches: list, num_blocks: int, clock=time.monotonic) -> None:
+        super().__init__()
         self.role = role
         self.num_blocks = num_blocks
         self.clock = clock
@@ -38,28 +40,11 @@ class ShmConnectorWorker:
         self._attached: dict[str, RemoteRegion] = {}
         self._pending: dict[int, tuple[str, float]] = {}  # transfer id -> (request id, deadline)
         self._next_id = 1
-        self._out = KVConnectorOutput()
         if self.region is not None:
             logger.info("KV cache shared for transfers in %s (%.1f MiB)", self.region.name,
                         self.region.shm.size / (1 << 20))
 
     # -- receiving ------------------------------------------------------------------------------
-    def start_load_kv(self, metadata: KVConnectorMetadata | None) -> None:
-        if metadata is None:
-            return
-        for load in metadata.loads:
-            t0 = time.perf_counter()
-            try:
-                record = self._load(load)
-            except Exception as e:  # noqa: BLE001 - any failure means: compute the prompt here
-                if not load.ack_only:
-                    self._out.failed_recving[load.request_id] = getattr(e, "reason", "error")
-                logger.warning("KV load for %s failed (%s): computing its prompt locally", load.request_id, e)
-                continue
-            if record is not None:
-                self._out.finished_recving[load.request_id] = TransferRecord(
-                    load.request_id, record[0], record[1], time.perf_counter() - t0)
-
     def _load(self, load: LoadSpec) -> tuple[int, int] | None:
         p = load.params
         region = self._attach(p)
@@ -103,12 +88,6 @@ class ShmConnectorWorker:
         return region
 
     # -- sending --------------------------------------------------------------------------------
-    def save_kv(self, metadata: KVConnectorMetadata | None) -> None:
-        if metadata is None or not metadata.saves:
-            return
-        for save in metadata.saves:
-            self._out.saved[save.request_id] = self._save(save)
-
     def _save(self, save: SaveSpec) -> dict[str, Any] | None:
         region = self.region
         if region is None:
@@ -141,11 +120,6 @@ class ShmConnectorWorker:
                 lease[slot] = 0  # cleared before the scheduler frees the blocks
                 self._out.finished_sending[rid] = "acked" if ack[slot] == tid else "timeout"
                 del self._pending[tid]
-
-    def get_finished(self) -> KVConnectorOutput | None:
-        self._poll_sends(skip=set(self._out.saved))  # a request saved this step finishes in it: poll it next step
-        out, self._out = self._out, KVConnectorOutput()
-        return None if out.is_empty else out
 
     def close(self) -> None:
         if self.region is not None:

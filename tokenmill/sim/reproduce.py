@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from tokenmill.bench.fmt import md_table
-from tokenmill.bench.workloads import PromptBuilder, arrival_offsets, make_workload
+from tokenmill.bench.arrivals import arrival_offsets
+from tokenmill.bench.workloads import PromptBuilder, make_workload
 from tokenmill.sim.cluster import ClusterConfig, build_cluster
 from tokenmill.sim.hardware import load_hardware
 from tokenmill.sim.model_shape import ModelShape
