@@ -51,7 +51,9 @@ def random_q4(n: int, k: int, gen: torch.Generator) -> BlockQuantized:
 
 
 def random_q8(n: int, k: int, gen: torch.Generator) -> BlockQuantized:
-    codes = torch.randint(-127, 128, (n, k), generator=gen, dtype=torch.int8)
+    # -128 included: compressed-tensors' symmetric int8 (scale max/127.5) writes it, GGUF never does
+    codes = torch.randint(-128, 128, (n, k), generator=gen, dtype=torch.int8)
+    codes[:, 0] = -128
     return BlockQuantized(codes, torch.rand(n, k // 32, generator=gen) * 0.01, None, 8)
 
 

@@ -113,7 +113,7 @@ def test_tiny_gguf_native_loads_the_same_weights(tiny_gguf):
 
 
 def test_quantization_is_validated_and_resolved(tiny_llama):
-    with pytest.raises(ValueError, match="quantization must be one of gguf, none, int8, int4, awq, gptq; got 'int3'"):
+    with pytest.raises(ValueError, match="quantization must be one of gguf, none, int8, int4, awq, gptq, compressed-tensors; got 'int3'"):
         EngineConfig(quantization="int3")
     with pytest.raises(ValueError, match="quantization='gguf'.*give a .gguf model"):
         LLM(str(tiny_llama), quantization="gguf")

@@ -18,7 +18,7 @@ from tokenmill.models.model_config import ModelConfig
 
 DTYPES = ("auto", "bfloat16", "float32", "float16")
 KV_CACHE_DTYPES = ("auto", "int8", "fp8")
-QUANTIZATIONS = ("gguf", "none", "int8", "int4", "awq", "gptq")
+QUANTIZATIONS = ("gguf", "none", "int8", "int4", "awq", "gptq", "compressed-tensors")
 QUANT_GROUP_SIZES = (32, 64, 128)
 ATTENTION_BACKENDS = ("auto", "cpu", "torch", "reference")
 KV_ROLES = ("prefill", "decode", "both")

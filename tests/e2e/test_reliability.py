@@ -29,9 +29,10 @@ def test_disconnect_storm(tiny, tmp_path):
     assert row.leaked_blocks == 0 and row.recovery_s is not None
 
 
-def test_overload_sheds_and_recovers(tiny, tmp_path):
+@pytest.mark.parametrize("arrivals", ["open", "hammer"])
+def test_overload_sheds_and_recovers(tiny, tmp_path, arrivals):
     row = run("overload", tiny, [*SERVER, "--kv-cache-memory-gb", "0.02"], tmp_path, duration=4.0, max_num_seqs=2,
-              max_waiting=4, max_tokens=8)
+              max_waiting=4, max_tokens=8, arrivals=arrivals, seed=3)
     _assert_ok(row, ignore=("admitted latency",))
     assert row.shed > 0 and row.completed > 0 and row.server_errors == 0
     assert row.notes["max_waiting_seen"] <= 4

@@ -139,8 +139,9 @@ LONG = {"prompt": "hello", "max_tokens": 400, "ignore_eos": True}  # >= 20 s on 
 
 def test_queue_overflow_is_429(strict_server):
     """--max-num-seqs 1 --max-waiting-requests 2: while a long request runs, of 8 simultaneous
-    requests two are admitted to wait and six get 429 with Retry-After; once the long one is
-    aborted, the admitted ones complete."""
+    requests two are admitted to wait and six get 429 with Retry-After, and so does a ninth whose
+    body is not even JSON (shed before its body is read); once the long one is aborted, the
+    admitted ones complete."""
     async def main():
         async with httpx.AsyncClient(base_url=strict_server.url, headers=AUTH, timeout=120) as c:
             async with c.stream("POST", "/v1/completions", json={**LONG, "stream": True}) as blocker:
@@ -157,12 +158,15 @@ def test_queue_overflow_is_429(strict_server):
 
                 await asyncio.wait_for(answered(6), 60)  # the timeout is only a safety net
                 refused = [t.result() for t in tasks if t.done()]
+                # the queue is full: shed before the body is read (not even parsed: a broken one gets 429 too)
+                refused.append(await c.post("/v1/completions", content=b"{not json",
+                                            headers={"content-type": "application/json"}))
             # the blocker's stream is closed here: it is aborted and the admitted two run
             admitted = await asyncio.gather(*(t for t in tasks if not t.done()))
             return refused, admitted
 
     refused, admitted = asyncio.run(main())
-    assert len(refused) == 6 and len(admitted) == 2
+    assert len(refused) == 7 and len(admitted) == 2
     for r in refused:
         _assert_error(r, 429, code="rate_limit_exceeded")
         assert int(r.headers["retry-after"]) >= 1

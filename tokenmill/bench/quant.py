@@ -1,8 +1,8 @@
 """Weight formats side by side on the default model: batch-1 decode against llama.cpp on the same
 GGUF file, and resident memory after loading.
 
-    python -m tokenmill.bench.quant [--threads 2] [--rounds 2] [--tokens 128] [--only decode|memory|gemm]
-                                    [--json FILE]
+    python -m tokenmill.bench.quant [--threads 2] [--rounds 2] [--tokens 128]
+                                    [--only decode|memory|gemm|w1] [--num-requests 48] [--json FILE]
 
 decode  per-token decode time (TPOT) at batch 1, greedy, the same prompt, end of text banned so
         every run generates --tokens tokens: (time for 1 + N tokens - time for 1 token) / N, the
@@ -17,6 +17,10 @@ gemm    one linear layer of the default model's shapes (gate_up 3072 x 576, down
         batch 1 to 512 rows: block-quantized 4-bit records (int8 activations) against the float
         panels of the same layer, on every ISA path of this CPU (--only gemm for just this): the
         batch size from which dequantizing into a float GEMM would pay, if any.
+w1      the offline W1 workload (--num-requests random-token prompts U[64,512], outputs
+        U[32,256], greedy, ignore_eos; bench/offline.py) in every weight format of the default
+        model (W1_FORMATS), each in a fresh process, order alternating round by round: output
+        tok/s, and the load time beside it.
 """
 from __future__ import annotations
 
@@ -34,6 +38,12 @@ PROMPT = "The history of the printing press begins"
 FORMATS = {"tokenmill gguf": {"quantization": "gguf", "dtype": "auto"},
            "tokenmill bf16": {"quantization": "none", "dtype": "bfloat16"},
            "tokenmill f32": {"quantization": "none", "dtype": "float32"}}
+
+
+# the same weights in each format the engine runs (int8 / int4: round to nearest at load from the
+# dequantized GGUF, as a user gets with --quantization on a float model)
+W1_FORMATS = {**FORMATS, "tokenmill int8": {"quantization": "int8", "dtype": "auto"},
+              "tokenmill int4-g32": {"quantization": "int4", "dtype": "auto", "quant_group_size": 32}}
 
 
 class TokenmillDecoder:
@@ -98,6 +108,33 @@ def measure_decode(threads: int, rounds: int, tokens: int) -> dict[str, list[flo
             results[name].append(json.loads(res.stdout.strip().splitlines()[-1])["tpot_ms"])
             print(f"round {r + 1}: {name:<16} {results[name][-1]:6.2f} ms/token", flush=True)
     return results
+
+
+def measure_w1(threads: int, rounds: int, num_requests: int) -> dict[str, list[dict]]:
+    results: dict[str, list[dict]] = {name: [] for name in W1_FORMATS}
+    for r in range(rounds):
+        for name in (list(W1_FORMATS) if r % 2 == 0 else reversed(W1_FORMATS)):
+            res = subprocess.run([sys.executable, "-m", "tokenmill.bench.quant", "--w1-worker", name, "--threads",
+                                  str(threads), "--num-requests", str(num_requests)], capture_output=True, text=True,
+                                 env={**os.environ, "TQDM_DISABLE": "1"})
+            if res.returncode:
+                raise RuntimeError(f"{name}: {res.stderr[-2000:]}")
+            results[name].append(json.loads(res.stdout.strip().splitlines()[-1]))
+            got = results[name][-1]
+            print(f"round {r + 1}: {name:<20} {got['output_tokens_per_s']:7.1f} output tok/s "
+                  f"({got['seconds']:.1f} s; load {got['load_s']:.1f} s)", flush=True)
+    return results
+
+
+def _w1_worker(name: str, threads: int, num_requests: int) -> int:
+    from tokenmill import LLM
+    from tokenmill.bench.offline import make_w1, run_tokenmill
+    t0 = time.perf_counter()
+    llm = LLM(None, num_threads=threads, max_num_seqs=128, max_num_batched_tokens=1024, **W1_FORMATS[name])
+    load_s = time.perf_counter() - t0
+    result = run_tokenmill(llm, make_w1(num_requests, llm.llm_engine.vocab_size, seed=0))
+    print(json.dumps({**result.summary(), "load_s": load_s}))
+    return 0
 
 
 def _worker(name: str, threads: int, tokens: int) -> int:
@@ -173,23 +210,34 @@ def _best_us(fn, reps: int) -> float:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--only", choices=["decode", "memory", "gemm"], default=None)
+    p.add_argument("--only", choices=["decode", "memory", "gemm", "w1"], default=None)
+    p.add_argument("--num-requests", type=int, default=48, help="w1: requests per run")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--tokens", type=int, default=128)
     p.add_argument("--skip-memory", action="store_true")
     p.add_argument("--json", default=None)
     p.add_argument("--worker", default=None, help=__import__("argparse").SUPPRESS)  # one engine, in a subprocess
+    p.add_argument("--w1-worker", default=None, help=__import__("argparse").SUPPRESS)
 
 
 def run(args: argparse.Namespace) -> int:
     if args.worker:
         return _worker(args.worker, args.threads, args.tokens)
+    if args.w1_worker:
+        return _w1_worker(args.w1_worker, args.threads, args.num_requests)
     print(f"machine: {machine()}; date: {time.strftime('%Y-%m-%d %H:%M')}; threads {args.threads}")
     want = (lambda part: args.only in (None, part))
     gemm = measure_gemm(args.threads) if want("gemm") else []
     memory = measure_memory(args.threads) if want("memory") and not args.skip_memory else {}
     decode = measure_decode(args.threads, args.rounds, args.tokens) if want("decode") else {}
+    w1 = measure_w1(args.threads, args.rounds, args.num_requests) if want("w1") else {}
+    if w1:
+        base = max(r["output_tokens_per_s"] for r in w1["tokenmill f32"])
+        print("\nW1 best output tok/s per format (vs float32):")
+        for name, runs in w1.items():
+            best_run = max(r["output_tokens_per_s"] for r in runs)
+            print(f"  {name:<20} {best_run:7.1f}  {best_run / base:.2f}x")
     best = {name: min(v) for name, v in decode.items()}
     if best:
         print("\nbest TPOT per engine (ms/token):")
@@ -197,7 +245,7 @@ def run(args: argparse.Namespace) -> int:
         vs = f", {v / best['llama.cpp']:.2f}x llama.cpp" if "llama.cpp" in best else ""
         print(f"  {name:<16} {v:6.2f}{vs}")
     write_record(args.json, threads=args.threads, tokens=args.tokens, decode_ms=decode, best_ms=best, memory=memory,
-                 gemm=gemm)
+                 gemm=gemm, w1=w1)
     return 0
 
 

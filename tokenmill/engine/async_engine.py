@@ -129,6 +129,12 @@ class AsyncLLMEngine:
         with self._cond:  # the loop thread moves requests from one count to the other under it
             return self._pending_adds + self.engine.num_waiting_requests()
 
+    def check_capacity(self, n: int = 1) -> None:
+        """QueueFullError when n more requests would exceed the waiting cap (callable from any thread:
+        the server sheds on it before it reads a request's body)."""
+        if self.max_waiting_requests is not None and self.num_waiting() + n > self.max_waiting_requests:
+            raise QueueFullError(f"too many requests waiting (limit {self.max_waiting_requests}); retry later")
+
     # -- lifecycle ------------------------------------------------------------------------------
     def start(self) -> None:
         if self._thread is not None:
@@ -158,9 +164,7 @@ class AsyncLLMEngine:
         """Hand requests (request_id, prompt, params) to the engine; all or none are added.
         Raises ValueError (invalid request), QueueFullError, EngineDeadError, EngineShutdownError."""
         self._check_accepting()
-        n = len(requests)
-        if self.max_waiting_requests is not None and self.num_waiting() + n > self.max_waiting_requests:
-            raise QueueFullError(f"too many requests waiting (limit {self.max_waiting_requests}); retry later")
+        self.check_capacity(len(requests))
         loop = asyncio.get_running_loop()
         arrival = arrival_time if arrival_time is not None else time.monotonic()
         stream = RequestStream(self, [r[0] for r in requests], loop)

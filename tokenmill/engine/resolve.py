@@ -14,6 +14,7 @@ from tokenmill.cpu import available_memory_bytes, core_budget, cpu_has_bf16
 from tokenmill.models.identity import model_content_id
 from tokenmill.models.model_config import ModelConfig, read_hf_config
 from tokenmill.models.registry import get_model_class
+from tokenmill.quant import CHECKPOINT_METHODS
 
 logger = logging.getLogger(__name__)
 
@@ -63,15 +64,15 @@ def resolve_source(model: str | None) -> tuple[Path, Path | None]:
 
 def resolve_quantization(requested: str | None, gguf_file: Path | None, hf_config: dict | None = None) -> str:
     in_checkpoint = str(((hf_config or {}).get("quantization_config") or {}).get("quant_method", "")).lower() or None
-    if in_checkpoint is not None and in_checkpoint not in ("awq", "gptq"):
+    if in_checkpoint is not None and in_checkpoint not in CHECKPOINT_METHODS:
         raise ValueError(f"config.json quantization_config.quant_method {in_checkpoint!r} is not supported "
-                         "(awq and gptq are)")
+                         f"({', '.join(CHECKPOINT_METHODS)} are)")
     if requested is None:
         return in_checkpoint or ("gguf" if gguf_file is not None else "none")
     if in_checkpoint is not None and requested != in_checkpoint:
         raise ValueError(f"quantization={requested!r}: this folder holds a {in_checkpoint} checkpoint; "
                          f"use quantization={in_checkpoint!r} (or leave it unset)")
-    if requested in ("awq", "gptq") and in_checkpoint is None:
+    if requested in CHECKPOINT_METHODS and in_checkpoint is None:
         raise ValueError(f"quantization={requested!r} needs a folder whose config.json has a {requested} "
                          "quantization_config (see `tokenmill quantize`)")
     if requested == "gguf" and gguf_file is None:

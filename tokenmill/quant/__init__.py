@@ -6,7 +6,9 @@
 - "int8" / "int4": float weights quantized at load, round to nearest (RTNConfig; int4 per group of
   `group_size` inputs);
 - "awq" / "gptq": a folder whose config.json has AutoAWQ's / a GPTQ tool's `quantization_config`
-  (CheckpointQuantConfig).
+  (CheckpointQuantConfig);
+- "compressed-tensors": a folder in vLLM's native format (llm-compressor, W8A16 / W4A16;
+  CompressedTensorsConfig).
 """
 from __future__ import annotations
 
@@ -16,7 +18,8 @@ import torch
 
 from tokenmill.quant.unquantized import UnquantizedConfig
 
-QUANTIZATIONS = ("none", "gguf", "int8", "int4", "awq", "gptq")
+QUANTIZATIONS = ("none", "gguf", "int8", "int4", "awq", "gptq", "compressed-tensors")
+CHECKPOINT_METHODS = ("awq", "gptq", "compressed-tensors")  # read from a folder's quantization_config
 
 
 def quant_config(quantization: str, dtype: torch.dtype, gguf_file: str | Path | None = None, group_size: int = 32,
@@ -34,9 +37,15 @@ def quant_config(quantization: str, dtype: torch.dtype, gguf_file: str | Path | 
     if quantization in ("awq", "gptq"):
         from tokenmill.quant.checkpoint import CheckpointQuantConfig
         return CheckpointQuantConfig(hf_quant_config or {"quant_method": quantization}, dtype)
+    if quantization == "compressed-tensors":
+        if not hf_quant_config:
+            raise ValueError("quantization='compressed-tensors' needs a folder whose config.json has its "
+                             "quantization_config")
+        from tokenmill.quant.compressed_tensors import CompressedTensorsConfig
+        return CompressedTensorsConfig(hf_quant_config, dtype)
     raise ValueError(f"quantization must be one of {', '.join(QUANTIZATIONS)}; got {quantization!r}")
 
 
 QuantConfig = UnquantizedConfig  # the default when a caller names none
 
-__all__ = ["QUANTIZATIONS", "QuantConfig", "UnquantizedConfig", "quant_config"]
+__all__ = ["CHECKPOINT_METHODS", "QUANTIZATIONS", "QuantConfig", "UnquantizedConfig", "quant_config"]

@@ -10,12 +10,14 @@ permutations are requantized to 8 bits in the original input order instead.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
 from tokenmill.models.linear import Linear, LinearMethod
 from tokenmill.quant.awq_gptq import read_awq_linear, read_gptq_linear
-from tokenmill.quant.blocks import BlockLinearMethod, quantize_q8
+from tokenmill.quant.blocks import BlockLinearMethod, BlockQuantized, quantize_q8
 from tokenmill.quant.unquantized import UnquantizedConfig
 
 _TENSORS = {"awq": ("qweight", "qzeros", "scales"), "gptq": ("qweight", "qzeros", "scales", "g_idx")}
@@ -46,44 +48,48 @@ class CheckpointQuantConfig:
     def get_linear_method(self, prefix: str) -> LinearMethod:
         if prefix == "lm_head" or prefix.endswith(".lm_head") or any(m in prefix for m in self.not_converted):
             return self.head.get_linear_method(prefix)
-        return CheckpointBlockMethod(self)
+        return CheckpointBlockMethod(_TENSORS[self.name], self.read)
+
+    def read(self, t: dict[str, torch.Tensor]) -> tuple[BlockQuantized, torch.Tensor | None]:
+        if self.name == "awq":
+            return read_awq_linear(t["qweight"], t["qzeros"], t["scales"], self.group_size), None
+        return read_gptq_linear(t["qweight"], t["qzeros"], t["scales"], t["g_idx"], self.group_size, self.zero_offset)
 
 
 class CheckpointBlockMethod(BlockLinearMethod):
-    def __init__(self, config: CheckpointQuantConfig) -> None:
+    """A layer whose checkpoint holds `tensor_names` per shard; `read` turns one shard's tensors into
+    (blocks, the input permutation or None)."""
+
+    def __init__(self, tensor_names: tuple[str, ...],
+                 read: Callable[[dict[str, torch.Tensor]], tuple[BlockQuantized, torch.Tensor | None]]) -> None:
         super().__init__()
-        self.config = config
+        self.tensor_names, self.read = tensor_names, read
 
     def create_weights(self, layer: Linear, in_features: int, out_features: int, bias: bool) -> None:
         layer.weight = torch.empty(out_features, in_features, device="meta")  # shape only, not a parameter
         layer.bias = nn.Parameter(torch.zeros(out_features), requires_grad=False) if bias else None
-        for name in _TENSORS[self.config.name]:  # what the checkpoint holds; filled per shard
+        for name in self.tensor_names:  # what the checkpoint holds; filled per shard
             setattr(layer, name, nn.Parameter(torch.empty(0), requires_grad=False))
         layer.shards, layer.pending, layer.input_perm = [], {}, None
 
     def load_weight(self, layer: Linear, name: str, tensor, rows: slice | None) -> None:
-        if name not in _TENSORS[self.config.name]:
+        if name not in self.tensor_names:
             return LinearMethod.load_weight(self, layer, name, tensor, rows)
         rows = rows or slice(0, layer.out_features)
         parts = layer.pending.setdefault((rows.start, rows.stop), {})
         parts[name] = tensor
-        if len(parts) == len(_TENSORS[self.config.name]):
+        if len(parts) == len(self.tensor_names):
             del layer.pending[(rows.start, rows.stop)]
-            blocks, perm = self._read(parts)
+            blocks, perm = self.read(parts)
             expected = (rows.stop - rows.start, layer.in_features)
             if tuple(blocks.shape) != expected:
                 raise ValueError(f"{layer.prefix}: checkpoint shape {tuple(blocks.shape)}, expected {expected}")
             layer.shards.append((rows, blocks, perm))
 
-    def _read(self, t: dict[str, torch.Tensor]):
-        c = self.config
-        if c.name == "awq":
-            return read_awq_linear(t["qweight"], t["qzeros"], t["scales"], c.group_size), None
-        return read_gptq_linear(t["qweight"], t["qzeros"], t["scales"], t["g_idx"], c.group_size, c.zero_offset)
-
     def load(self, layer: Linear) -> None:
         if layer.pending:
-            raise ValueError(f"{layer.prefix}: incomplete {self.config.name} tensors for rows {sorted(layer.pending)}")
+            raise ValueError(f"{layer.prefix}: incomplete checkpoint tensors for rows {sorted(layer.pending)} "
+                             f"(needs {', '.join(self.tensor_names)})")
         perms = [p for _, _, p in layer.shards]
         if all(p is None for p in perms) or all(p is not None and torch.equal(p, perms[0]) for p in perms):
             layer.input_perm = perms[0]
@@ -91,8 +97,11 @@ class CheckpointBlockMethod(BlockLinearMethod):
         else:  # shards permuted differently: back to the original input order, 8 bits per 32
             layer.shards = [(rows, quantize_q8(_unpermute(blocks.dequantize(), perm)))
                             for rows, blocks, perm in layer.shards]
-        for name in _TENSORS[self.config.name]:
+        for name in self.tensor_names:
             setattr(layer, name, None)
+        if "weight" in self.tensor_names:  # a checkpoint's int8 `weight`: back to the shape-only placeholder
+            layer.weight = nn.Parameter(torch.empty(layer.out_features, layer.in_features, device="meta"),
+                                        requires_grad=False)
         super().load(layer)
 
     def apply(self, layer: Linear, x: torch.Tensor) -> torch.Tensor:

@@ -1,7 +1,10 @@
-"""`tokenmill quantize MODEL --method int4|awq --out DIR`: write a 4-bit checkpoint in AutoAWQ's
-GEMM layout (quant/awq_gptq.py), which tokenmill (`quantization="awq"`, picked from config.json),
-vLLM and transformers read.
+"""`tokenmill quantize MODEL --method int8|int4|awq [--format awq|compressed-tensors] --out DIR`:
+write a weight-only checkpoint that tokenmill (the method is picked from config.json), vLLM and
+transformers read: 4 bits in AutoAWQ's GEMM layout (quant/awq_gptq.py, the default for int4 and
+awq), or either width in compressed-tensors' layout (quant/compressed_tensors.py, vLLM's native
+format; the only one for int8).
 
+- int8: symmetric round to nearest, one scale per output channel (compressed-tensors only).
 - int4: round to nearest per group of `--group-size` inputs with an integer zero point.
 - awq: activation-aware scaling first (Lin et al., AWQ): calibration text (the shipped
   tokenmill/data/passages.json, not the perplexity text) runs through the float model; for each
@@ -21,22 +24,29 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+from tokenmill.quant import compressed_tensors as ct
 from tokenmill.quant.awq_gptq import quantize_int4_zero_point, write_awq_linear
 
 logger = logging.getLogger(__name__)
 
-METHODS = ("int4", "awq")
+METHODS = ("int8", "int4", "awq")
+FORMATS = ("awq", "compressed-tensors")
 _PROJ = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 ALPHAS = [i / 20 for i in range(21)]
 
 
 def quantize_model(model: str | None, out: str | Path, method: str = "awq", group_size: int = 128,
-                   calibration_tokens: int = 512) -> Path:
+                   calibration_tokens: int = 512, fmt: str | None = None) -> Path:
     from tokenmill.engine.resolve import resolve_model_folder
     from tokenmill.models.loader import iter_safetensors
     from tokenmill.models.model_config import read_hf_config
     if method not in METHODS:
         raise ValueError(f"method must be one of {', '.join(METHODS)}; got {method!r}")
+    fmt = fmt or ("compressed-tensors" if method == "int8" else "awq")
+    if fmt not in FORMATS:
+        raise ValueError(f"format must be one of {', '.join(FORMATS)}; got {fmt!r}")
+    if method == "int8" and fmt == "awq":
+        raise ValueError("format='awq' holds 4-bit weights only; int8 is written as format='compressed-tensors'")
     src = resolve_model_folder(model)
     hf = read_hf_config(src)
     if hf.get("quantization_config"):
@@ -46,21 +56,28 @@ def quantize_model(model: str | None, out: str | Path, method: str = "awq", grou
         apply_awq_scales(tensors, _calibration_inputs(model, calibration_tokens), hf, group_size)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
+    scheme = ct.writer_scheme(8 if method == "int8" else 4, group_size) if fmt == "compressed-tensors" else None
     written: dict[str, torch.Tensor] = {}
     for name, t in tensors.items():
-        if _is_quantized_linear(name, t):
-            for key, value in write_awq_linear(quantize_int4_zero_point(t, group_size), group_size).items():
-                written[f"{name[: -len('.weight')]}.{key}"] = value
-        else:
+        if not _is_quantized_linear(name, t):
             written[name] = t.contiguous()
+            continue
+        parts = ct.compress_linear(t, scheme) if scheme is not None else \
+            write_awq_linear(quantize_int4_zero_point(t, group_size), group_size)
+        for key, value in parts.items():
+            written[f"{name[: -len('.weight')]}.{key}"] = value.contiguous()
     save_file(written, str(out / "model.safetensors"), metadata={"format": "pt"})
-    hf["quantization_config"] = {"quant_method": "awq", "bits": 4, "group_size": group_size, "zero_point": True,
-                                 "version": "gemm", "tokenmill_method": method}
+    if scheme is None:
+        hf["quantization_config"] = {"quant_method": "awq", "bits": 4, "group_size": group_size, "zero_point": True,
+                                     "version": "gemm", "tokenmill_method": method}
     (out / "config.json").write_text(json.dumps(hf, indent=2) + "\n")
+    if scheme is not None:
+        ct.write_config(out, scheme)
     for f in src.iterdir():
         if f.name.startswith(("tokenizer", "special_tokens", "generation_config", "chat_template")):
             shutil.copy(f, out / f.name)
-    logger.info("wrote %s (%s, 4 bits, group %d) to %s", method, "AutoAWQ gemm layout", group_size, out)
+    logger.info("wrote %s (%s layout, group %s) to %s", method, fmt, "per channel" if method == "int8" else group_size,
+                out)
     return out
 
 
@@ -131,7 +148,8 @@ def best_scale(x: torch.Tensor, weights: list[torch.Tensor], group: int) -> torc
 
 def add_parser(sub) -> None:
     from tokenmill.engine.arg_utils import add_model_args
-    p = sub.add_parser("quantize", help="write a 4-bit (int4 / AWQ) checkpoint in AutoAWQ's layout",
+    p = sub.add_parser("quantize", help="write a weight-only checkpoint (int8 / int4 / AWQ) in AutoAWQ's or "
+                       "compressed-tensors' layout",
                        description=__doc__, formatter_class=__import__("argparse").RawDescriptionHelpFormatter)
     add_model_args(p)
     p.add_argument("--method", choices=METHODS, default="awq", help="(default: %(default)s)")
@@ -139,6 +157,8 @@ def add_parser(sub) -> None:
                    help="inputs per scale; in_features must divide by it (default: %(default)s)")
     p.add_argument("--calibration-tokens", type=int, default=512, help="awq: tokens of calibration text "
                    "(default: %(default)s)")
+    p.add_argument("--format", choices=FORMATS, default=None, dest="fmt",
+                   help="checkpoint layout (default: compressed-tensors for int8, awq otherwise)")
     p.add_argument("--out", required=True, help="output folder")
     p.set_defaults(func=lambda a: print(quantize_model(a.model, a.out, a.method, a.group_size,
-                                                       a.calibration_tokens)) or 0)
+                                                       a.calibration_tokens, a.fmt)) or 0)

@@ -1,5 +1,7 @@
 """GuardMiddleware: request id echo, the header cap (431), the API key (every route but /health, and
-/metrics with public_metrics), the draining 503 on /v1 and the request-body cap (413).
+/metrics with public_metrics), the draining 503 on /v1, the full-queue 429 on the generation routes
+(shed before the body is read: under overload a refusal must cost the engine thread, which shares
+the GIL with this loop, as little as possible) and the request-body cap (413).
 
 Pure ASGI rather than Starlette's BaseHTTPMiddleware: it never buffers responses, so SSE streams
 pass straight through.
@@ -12,11 +14,13 @@ import uuid
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from tokenmill.server.errors import APIError, send_error
+from tokenmill.engine.errors import QueueFullError
+from tokenmill.server.errors import APIError, engine_error, send_error
 from tokenmill.server.state import ServerState
 
 _BODY_METHODS = {"POST", "PUT", "PATCH"}
 _OPEN_PATHS = frozenset({"/health"})
+_GENERATION_PATHS = frozenset({"/v1/completions", "/v1/chat/completions"})
 
 
 class GuardMiddleware:
@@ -57,6 +61,11 @@ class GuardMiddleware:
                             "invalid_request_error", None, "invalid_api_key", {"WWW-Authenticate": "Bearer"})
         if st.draining and path.startswith("/v1"):
             return st.unavailable()
+        if path in _GENERATION_PATHS and st.engine is not None:
+            try:
+                st.engine.check_capacity()
+            except QueueFullError as e:
+                return engine_error(e)
         return None
 
     def _open(self, path: str) -> bool:
