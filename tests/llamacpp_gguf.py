@@ -120,7 +120,8 @@ def _add_keys(writer: gguf.GGUFWriter, hf: dict, arch: str, split_kv_b: bool) ->
     writer.add_head_count(hf["num_attention_heads"])
     writer.add_layer_norm_rms_eps(hf["rms_norm_eps"])
     writer.add_rope_freq_base(rope.get("rope_theta", 10000.0))
-    writer.add_vocab_size(hf["vocab_size"])
+    if arch != "qwen2moe":
+        writer.add_vocab_size(hf["vocab_size"])
     experts = hf.get("num_local_experts") or hf.get("num_experts") or hf.get("n_routed_experts")
     writer.add_expert_count(experts)
     writer.add_expert_used_count(hf["num_experts_per_tok"])
@@ -140,8 +141,9 @@ def _add_keys(writer: gguf.GGUFWriter, hf: dict, arch: str, split_kv_b: bool) ->
 
 def _add_deepseek2_keys(writer: gguf.GGUFWriter, hf: dict, split_kv_b: bool) -> None:
     nope, rope, v, kv_lora = hf["qk_nope_head_dim"], hf["qk_rope_head_dim"], hf["v_head_dim"], hf["kv_lora_rank"]
-    sigmoid = hf["architectures"][0] == "DeepseekV3ForCausalLM"  # its config.json says scoring_func sigmoid
-    writer.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID if sigmoid else gguf.ExpertGatingFuncType.SOFTMAX)
+    if hf.get("scoring_func") is not None:  # only when config.json names it (DeepSeek's own configs do)
+        sigmoid = hf["scoring_func"] == "sigmoid"
+        writer.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID if sigmoid else gguf.ExpertGatingFuncType.SOFTMAX)
     writer.add_leading_dense_block_count(hf["first_k_dense_replace"])
     if hf.get("q_lora_rank"):
         writer.add_q_lora_rank(hf["q_lora_rank"])
@@ -168,6 +170,8 @@ def _add_deepseek2_keys(writer: gguf.GGUFWriter, hf: dict, split_kv_b: bool) -> 
         writer.add_rope_scaling_factor(scaling["factor"])
         writer.add_rope_scaling_orig_ctx_len(scaling["original_max_position_embeddings"])
         writer.add_rope_scaling_yarn_log_mul(0.1 * scaling["mscale_all_dim"])
+        writer.add_rope_scaling_yarn_beta_fast(scaling["beta_fast"])
+        writer.add_rope_scaling_yarn_beta_slow(scaling["beta_slow"])
 
 
 def _add_vocab(writer: gguf.GGUFWriter, folder: Path, vocab_size: int) -> None:

@@ -76,11 +76,14 @@ MOE_ARCHS = {  # tiny_models arch, how llama.cpp lays it out
     "mixtral_legacy_experts": ("mixtral", {"experts": "legacy"}),  # ffn_gate.{e} ... (pre-2024 files)
     "qwen2_moe": ("qwen2_moe", {"experts": "gate_up"}),  # shared expert + its sigmoid gate; ffn_gate_up_exps
     "deepseek_v2": ("deepseek_v2", {"split_kv_b": False}),  # softmax router, groups; older one-piece attn_kv_b
-    "deepseek_v3": ("deepseek_v3", {}),  # sigmoid router + exp_probs_b; attn_k_b / attn_v_b
-    # YaRN as llama.cpp keeps it (yarn_log_multiplier = 0.1 * mscale_all_dim; mscale == mscale_all_dim)
+    # sigmoid router + exp_probs_b (no expert_gating_func key: a config.json without scoring_func, as
+    # transformers writes); attn_k_b / attn_v_b
+    "deepseek_v3": ("deepseek_v3", {}),
+    # YaRN as llama.cpp keeps it (yarn_log_multiplier = 0.1 * mscale_all_dim; mscale == mscale_all_dim);
+    # expert_gating_func = 2 (sigmoid) written
     "deepseek_v3_yarn": ("deepseek_v3", {}, {"rope_parameters": {
         "rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 32,
-        "beta_fast": 32, "beta_slow": 1, "mscale": 0.707, "mscale_all_dim": 0.707}}),
+        "beta_fast": 32, "beta_slow": 1, "mscale": 0.707, "mscale_all_dim": 0.707}, "scoring_func": "sigmoid"}),
 }
 
 

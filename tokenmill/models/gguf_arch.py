@@ -100,7 +100,10 @@ def _deepseek2(get, heads: int, shapes: dict[str, list[int]]) -> dict[str, Any]:
     else:
         qk_head, v_head = int(get("attention.key_length")), int(get("attention.value_length"))
     q_lora = int(get("attention.q_lora_rank", 0) or 0)
-    gating = int(get("expert_gating_func", _GATING_SOFTMAX))  # absent: V2/V2.5 files, softmax
+    # absent: softmax (llama.cpp's default, for V2/V2.5 files) unless the file has V3's router bias
+    # exp_probs_b, which only sigmoid routers have (a V3 config.json without scoring_func converts so)
+    v3_bias = any(name.endswith(".exp_probs_b.bias") for name in shapes)
+    gating = int(get("expert_gating_func", _GATING_SIGMOID if v3_bias else _GATING_SOFTMAX))
     if gating not in (_GATING_SOFTMAX, _GATING_SIGMOID):
         raise ValueError(f"deepseek2.expert_gating_func must be 1 (softmax) or 2 (sigmoid), got {gating}")
     groups, used_groups = int(get("expert_group_count", 0) or 0), int(get("expert_group_used_count", 0) or 0)
