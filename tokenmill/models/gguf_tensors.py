@@ -129,28 +129,32 @@ def _split(t, names: GGUFTensorNames, keep_blocks: tuple[str, ...], mla_halves) 
     plain = part in _PLAIN
     shape = [int(s) for s in t.shape]  # fastest dimension first
     cols = shape[0]
-    if type_name in keep_blocks and not plain and len(shape) >= 2:
-        data, kept = np.asarray(t.data).reshape(*reversed(shape[1:]), -1), type_name
-    else:  # always a copy: F32 tensors come back as read-only views of the memory-mapped file
-        data, kept = np.array(dequantize(t.data, t.tensor_type), dtype=np.float32, order="C"), None
+    kept = type_name if type_name in keep_blocks and not plain and len(shape) >= 2 else None
+    raw = np.asarray(t.data).reshape(*reversed(shape[1:]), -1)  # rows (of blocks, or of values)
+
+    def load(rows: np.ndarray) -> np.ndarray:
+        """Kept blocks as they are; anything else dequantized, one (expert's) slice at a time, into
+        a copy (F32 tensors come back as read-only views of the memory-mapped file)."""
+        return rows if kept else np.array(dequantize(rows, t.tensor_type), dtype=np.float32, order="C")
 
     def out(name: str, array: np.ndarray) -> HFTensor:
         return HFTensor(name, np.ascontiguousarray(array), kept, cols, type_name, plain)
 
     if legacy:
         layer, kind, expert = legacy.groups()
-        yield out(names.expert_name(layer, int(expert), f"{kind}_proj"), data)
+        yield out(names.expert_name(layer, int(expert), f"{kind}_proj"), load(raw))
     elif block is None:
-        yield out(names.global_name(t.name), data)
+        yield out(names.global_name(t.name), load(raw))
     elif part in ("attn_k_b", "attn_v_b"):
         layer = block.group(1)
-        mla_halves[(layer, part)] = data
+        mla_halves[(layer, part)] = load(raw)
         if (layer, "attn_k_b") in mla_halves and (layer, "attn_v_b") in mla_halves:
             kv_b = names.join_kv_b(mla_halves.pop((layer, "attn_k_b")), mla_halves.pop((layer, "attn_v_b")))
             yield HFTensor(names.block_name(layer, "attn_kv_b", "weight"), kv_b, None, kv_b.shape[1], type_name, True)
     elif part in _EXPERT_KINDS or part == "ffn_gate_up_exps":
         layer = block.group(1)
-        for e, rows in enumerate(data):  # [experts, rows, cols]
+        for e, expert_rows in enumerate(raw):  # [experts, rows, cols]
+            rows = load(expert_rows)
             if part == "ffn_gate_up_exps":
                 half = rows.shape[0] // 2
                 yield out(names.expert_name(layer, e, "gate_proj"), rows[:half])
@@ -158,6 +162,7 @@ def _split(t, names: GGUFTensorNames, keep_blocks: tuple[str, ...], mla_halves) 
             else:
                 yield out(names.expert_name(layer, e, _EXPERT_KINDS[part]), rows)
     else:
+        data = load(raw)
         if part in names.qk_heads and block.group(3) == "weight":
             data = unpermute_qk_rows(data, names.qk_heads[part])
         if part == "ffn_gate_inp_shexp":
