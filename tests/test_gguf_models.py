@@ -186,3 +186,17 @@ def test_unsupported_gguf_architecture_names_the_supported_ones(tmp_path):
     with pytest.raises(ValueError, match=r"unsupported GGUF architecture 'gemma2'.*llama, qwen2, qwen3, qwen3moe, "
                                          r"qwen2moe, deepseek2"):
         LLMEngine(model=str(path), dtype="float32", num_kv_blocks=4)
+
+
+def test_missing_gguf_key_is_named():
+    from tokenmill.models.gguf_arch import build_hf_config
+
+    meta = {"deepseek2.embedding_length": 64, "deepseek2.attention.head_count": 4, "deepseek2.block_count": 2,
+            "deepseek2.feed_forward_length": 128, "deepseek2.expert_count": 8, "deepseek2.expert_used_count": 2,
+            "deepseek2.expert_feed_forward_length": 32}
+    shapes = {"token_embd.weight": [64, 512], "blk.0.attn_q.weight": [64, 96]}
+    with pytest.raises(ValueError, match=r"no deepseek2.rope.dimension_count \(required for architecture 'deepseek2'\)"):
+        build_hf_config("deepseek2", meta, shapes)
+    meta["deepseek2.rope.dimension_count"] = 8
+    with pytest.raises(ValueError, match=r"no deepseek2.attention.key_length "):
+        build_hf_config("deepseek2", meta, shapes)

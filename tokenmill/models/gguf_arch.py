@@ -31,15 +31,21 @@ def build_hf_config(arch: str, meta: dict[str, Any], shapes: dict[str, list[int]
         value = meta.get(f"{arch}.{key}")
         return default if value is None else value
 
-    hidden, heads = int(get("embedding_length")), int(get("attention.head_count"))
+    def need(key: str) -> Any:
+        if (value := meta.get(f"{arch}.{key}")) is None:
+            raise ValueError(f"GGUF file has no {arch}.{key} (required for architecture {arch!r})")
+        return value
+
+    hidden, heads = int(need("embedding_length")), int(need("attention.head_count"))
     head_dim = get("attention.key_length") or get("rope.dimension_count") or hidden // heads
     vocab = get("vocab_size") or shapes["token_embd.weight"][-1]
     config: dict[str, Any] = {
         "architectures": [SUPPORTED_GGUF_ARCHITECTURES[arch]],
         "model_type": _MODEL_TYPES.get(arch, arch),
         "hidden_size": hidden,
-        "intermediate_size": int(get("feed_forward_length") or get("expert_feed_forward_length")),
-        "num_hidden_layers": int(get("block_count")),
+        "intermediate_size": int(get("feed_forward_length") or get("expert_feed_forward_length")
+                                 or need("feed_forward_length")),
+        "num_hidden_layers": int(need("block_count")),
         "num_attention_heads": heads,
         "num_key_value_heads": int(get("attention.head_count_kv", heads)),
         "head_dim": int(head_dim),
@@ -56,49 +62,49 @@ def build_hf_config(arch: str, meta: dict[str, Any], shapes: dict[str, list[int]
     if arch in ("qwen2", "qwen3", "qwen3moe", "qwen2moe"):
         config["use_sliding_window"] = False
     if arch == "llama" and get("expert_count"):
-        config.update(_mixtral(get))
+        config.update(_mixtral(need))
     elif arch == "qwen3moe":
-        config.update(num_experts=int(get("expert_count")), num_experts_per_tok=int(get("expert_used_count")),
-                      moe_intermediate_size=int(get("expert_feed_forward_length")), norm_topk_prob=True,
+        config.update(num_experts=int(need("expert_count")), num_experts_per_tok=int(need("expert_used_count")),
+                      moe_intermediate_size=int(need("expert_feed_forward_length")), norm_topk_prob=True,
                       decoder_sparse_step=1, mlp_only_layers=[])
     elif arch == "qwen2moe":
-        config.update(_qwen2moe(get, shapes))
+        config.update(_qwen2moe(get, need, shapes))
     elif arch == "deepseek2":
-        config.update(_deepseek2(get, heads, shapes))
+        config.update(_deepseek2(get, need, heads, shapes))
     if (scaling := _rope_scaling(arch, meta)) is not None:
         config["rope_scaling"] = scaling
     config.update(_special_token_ids(meta))
     return config
 
 
-def _mixtral(get) -> dict[str, Any]:
+def _mixtral(need) -> dict[str, Any]:
     return {"architectures": ["MixtralForCausalLM"], "model_type": "mixtral",
-            "num_local_experts": int(get("expert_count")), "num_experts_per_tok": int(get("expert_used_count")),
+            "num_local_experts": int(need("expert_count")), "num_experts_per_tok": int(need("expert_used_count")),
             "sliding_window": None}
 
 
-def _qwen2moe(get, shapes: dict[str, list[int]]) -> dict[str, Any]:
+def _qwen2moe(get, need, shapes: dict[str, list[int]]) -> dict[str, Any]:
     shared = get("expert_shared_feed_forward_length")
     if shared is None and "blk.0.ffn_gate_shexp.weight" in shapes:  # older files: from the tensor
         shared = shapes["blk.0.ffn_gate_shexp.weight"][1]
-    return {"num_experts": int(get("expert_count")), "num_experts_per_tok": int(get("expert_used_count")),
-            "moe_intermediate_size": int(get("expert_feed_forward_length")),
+    return {"num_experts": int(need("expert_count")), "num_experts_per_tok": int(need("expert_used_count")),
+            "moe_intermediate_size": int(need("expert_feed_forward_length")),
             "shared_expert_intermediate_size": int(shared or 0),
             # llama.cpp's qwen2moe graph does not renormalize the chosen weights unless the file says so
             "norm_topk_prob": bool(get("expert_weights_norm", False)),
             "qkv_bias": "blk.0.attn_q.bias" in shapes, "decoder_sparse_step": 1, "mlp_only_layers": []}
 
 
-def _deepseek2(get, heads: int, shapes: dict[str, list[int]]) -> dict[str, Any]:
+def _deepseek2(get, need, heads: int, shapes: dict[str, list[int]]) -> dict[str, Any]:
     """MLA dims: llama.cpp writes key_length = kv_lora_rank + rope dims (the latent "MQA" head) and
     key_length_mla = nope + rope dims since it splits kv_b into k_b/v_b; older files have only
     key_length/value_length, then the per-head dims. Softmax gating is V2's router (group score:
     the best expert), sigmoid V3's (exp_probs_b biases the choice, group score: best two)."""
-    rope_dim = int(get("rope.dimension_count"))
+    rope_dim = int(need("rope.dimension_count"))
     if get("attention.key_length_mla") is not None:
-        qk_head, v_head = int(get("attention.key_length_mla")), int(get("attention.value_length_mla"))
+        qk_head, v_head = int(get("attention.key_length_mla")), int(need("attention.value_length_mla"))
     else:
-        qk_head, v_head = int(get("attention.key_length")), int(get("attention.value_length"))
+        qk_head, v_head = int(need("attention.key_length")), int(need("attention.value_length"))
     q_lora = int(get("attention.q_lora_rank", 0) or 0)
     # absent: softmax (llama.cpp's default, for V2/V2.5 files) unless the file has V3's router bias
     # exp_probs_b, which only sigmoid routers have (a V3 config.json without scoring_func converts so)
@@ -114,8 +120,8 @@ def _deepseek2(get, heads: int, shapes: dict[str, list[int]]) -> dict[str, Any]:
         "kv_lora_rank": int(get("attention.kv_lora_rank") or shapes["blk.0.attn_kv_a_norm.weight"][0]),
         "q_lora_rank": q_lora or None, "rope_interleave": True,  # llama.cpp's NORM rope: adjacent pairs
         "first_k_dense_replace": int(get("leading_dense_block_count", 0)), "moe_layer_freq": 1,
-        "n_routed_experts": int(get("expert_count")), "num_experts_per_tok": int(get("expert_used_count")),
-        "moe_intermediate_size": int(get("expert_feed_forward_length")),
+        "n_routed_experts": int(need("expert_count")), "num_experts_per_tok": int(need("expert_used_count")),
+        "moe_intermediate_size": int(need("expert_feed_forward_length")),
         "n_shared_experts": int(get("expert_shared_count", 0)),
         "routed_scaling_factor": _f32(get("expert_weights_scale", 1.0)),
         "norm_topk_prob": bool(get("expert_weights_norm", False)),
