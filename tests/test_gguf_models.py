@@ -1,5 +1,7 @@
 """GGUF checkpoints of the newer families (qwen3, qwen3moe) convert to folders that transformers
-reads as it reads the GGUF itself (same tensors, same logits), and our engine matches them."""
+reads as it reads the GGUF itself (same tensors, same logits), and our engine matches them; MoE and
+MLA families (Mixtral, Qwen2-MoE, DeepSeek-V2/V3) written in llama.cpp's layout
+(tests/llamacpp_gguf.py) load as the HF models they were written from."""
 import json
 from pathlib import Path
 
