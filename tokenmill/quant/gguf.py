@@ -3,8 +3,9 @@
 The weights are read from the .gguf file itself (memory-mapped by gguf's reader): quantized
 tensors reach the layers as `BlockQuantized` codes (quant/blocks.py), everything else (norms,
 biases, tensor types we do not keep) as float32 through the same name mapping and Q/K row
-un-permutation as the float conversion (models/gguf_convert.py), so both paths load the same
-model. Every Linear computes on block records (F32/F16 tensors stay float, block types we do not compute on become 8-bit blocks); the embedding table becomes a `BlockEmbedding`
+un-permutation as the float conversion (models/gguf_tensors.py), so both paths load the same
+model. Stacked MoE experts arrive one expert at a time, still as blocks; routers, gates and MLA's
+kv_b always as float. Every Linear computes on block records (F32/F16 tensors stay float, block types we do not compute on become 8-bit blocks); the embedding table becomes a `BlockEmbedding`
 sharing the LM head's records when the two are tied (the default model: one Q8_0 table, 30 MB,
 where float32 took 113 MB). Activations stay float32 around the kernels; the KV cache keeps the
 model dtype.
@@ -15,7 +16,6 @@ import logging
 from collections.abc import Iterator
 from pathlib import Path
 
-import numpy as np
 import torch
 from torch import nn
 
@@ -71,40 +71,26 @@ class GGUFConfig:
 
 def iter_gguf_weights(path: Path) -> Iterator[tuple[str, torch.Tensor | BlockQuantized]]:
     from gguf import GGUFReader
-    from gguf.quants import dequantize
 
-    from tokenmill.models.gguf_convert import SKIPPED_TENSORS, expert_tensor_names, gguf_qk_heads, hf_tensor_name, \
-        unpermute_qk_rows
+    from tokenmill.models.gguf_arch import build_hf_config, check_architecture
+    from tokenmill.models.gguf_convert import read_metadata
+    from tokenmill.models.gguf_tensors import iter_hf_tensors
 
     reader = GGUFReader(path)
-    heads = gguf_qk_heads(reader)
+    meta = read_metadata(reader)
+    arch = check_architecture(meta.get("general.architecture"), repr(str(path)))
+    config = build_hf_config(arch, meta, {t.name: [int(n) for n in t.shape] for t in reader.tensors})
     kept: dict[str, int] = {}
-    for t in reader.tensors:
-        if t.name in SKIPPED_TENSORS:
+    for t in iter_hf_tensors(reader, arch, config, keep_blocks=GGUF_NATIVE_TYPES):
+        if t.block_type is not None:  # rows of Q4_0 / Q4_1 / Q8_0 blocks (experts: one expert's rows)
+            kept[t.block_type] = kept.get(t.block_type, 0) + 1
+            yield t.name, from_gguf_blocks(t.data, t.block_type, t.data.shape[0], t.cols)
             continue
-        type_name = t.tensor_type.name
-        if len(t.shape) == 3:  # stacked experts [experts, out, in]: one float tensor per expert
-            w = dequantize(t.data, t.tensor_type)
-            for expert_name, e in zip(expert_tensor_names(t.name, len(w)) or [hf_tensor_name(t.name)], w):
-                yield expert_name, torch.from_numpy(np.array(e, dtype=np.float32, order="C"))
-            continue
-        name = hf_tensor_name(t.name)
-        n_head = heads.get(t.name)
-        if type_name in GGUF_NATIVE_TYPES and len(t.shape) == 2:
-            k, n = (int(s) for s in t.shape)  # GGUF shapes list the fastest dimension first
-            raw = np.asarray(t.data).reshape(n, -1)
-            if n_head:
-                raw = unpermute_qk_rows(raw, n_head)
-            kept[type_name] = kept.get(type_name, 0) + 1
-            yield name, from_gguf_blocks(raw, type_name, n, k)
+        w = torch.from_numpy(t.data)
+        if t.source_type not in _FLOAT_TYPES and not t.plain and w.dim() == 2 and w.shape[1] % 32 == 0:
+            key = f"Q8_0 (from {t.source_type})"
+            kept[key] = kept.get(key, 0) + 1
+            yield t.name, quantize_q8(w)  # a block type we do not compute on: 8 bits per 32
         else:
-            w = dequantize(t.data, t.tensor_type)
-            if n_head:
-                w = unpermute_qk_rows(w, n_head)
-            w = torch.from_numpy(np.array(w, dtype=np.float32, order="C"))
-            if type_name not in _FLOAT_TYPES and w.dim() == 2 and w.shape[1] % 32 == 0:
-                kept["Q8_0 (from " + type_name + ")"] = kept.get("Q8_0 (from " + type_name + ")", 0) + 1
-                yield name, quantize_q8(w)  # a block type we do not compute on: 8 bits per 32
-            else:
-                yield name, w
+            yield t.name, w
     logger.info("GGUF weights kept quantized: %s", ", ".join(f"{v} x {k}" for k, v in sorted(kept.items())) or "none")
