@@ -113,5 +113,5 @@ def test_executor_charges_no_compute_for_transferred_kv():
                           num_scheduled_tokens={"r": 41})
     ex.execute(out)
     assert perf.shapes[0] == BatchShape(num_prefill_tokens=1, num_decode_tokens=0, num_seqs=1,
-                                        attention_pairs=41, kv_tokens_read=41)
+                                        attention_pairs=41, kv_tokens_read=41, num_output_seqs=1)
     assert ex.clock.now == pytest.approx(0.5)

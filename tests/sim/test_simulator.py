@@ -91,3 +91,17 @@ def test_without_continuous_batching_a_request_waits_for_the_batch():
 def test_a_request_larger_than_the_kv_cache_is_an_error():
     with pytest.raises(ValueError, match="more KV blocks"):
         ClusterSimulator([_spec(blocks=2)]).run([_req("a", 0.0, n=64)])
+
+
+def test_each_phase_can_have_its_own_tensor_parallel_degree():
+    from tokenmill.sim.cluster import ClusterConfig, build_cluster
+    from tokenmill.sim.hardware import load_hardware
+
+    hw = load_hardware()
+    cfg = ClusterConfig(prefill_replicas=1, decode_replicas=2, tp=2, decode_tp=1, max_model_len=2048)
+    assert cfg.num_devices == 4 and "TP2/1" in cfg.label()
+    specs, _ = build_cluster(cfg, SHAPE, hw, "a100")
+    assert [(s.role, s.perf.tp) for s in specs] == [("prefill", 2), ("decode", 1), ("decode", 1)]
+    assert specs[0].price_per_hour == pytest.approx(2 * specs[1].price_per_hour)
+    with pytest.raises(ValueError, match="decode_tp needs prefill and decode"):
+        ClusterConfig(decode_tp=2)

@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +38,10 @@ def add_sim_parser(sub: Any) -> None:
     prof.add_argument("--repeats", type=int, default=3, help="runs of each grid point; each step keeps its fastest "
                       "(default: %(default)s)")
     prof.add_argument("--out", required=True, help="profile JSON to write")
-    prof.add_argument("--refit", metavar="PROFILE", help="fit a profile's recorded steps again (no measuring)")
+    prof.add_argument("--refit", metavar="PROFILE", help="fit a profile's recorded steps again (no measuring of "
+                      "the engine; with --serve, the serving path is measured again)")
+    prof.add_argument("--serve", action="store_true", help="also measure the serving path through a live `tokenmill "
+                      "serve` (HTTP, tokenization, SSE streaming; its own calibration workload) and fit its terms")
     prof.set_defaults(func=_profile)
 
     from tokenmill.sim.validate import add_validate_args
@@ -71,6 +76,14 @@ def _profile(args: argparse.Namespace) -> int:
         record = refit(load_profile(args.refit))
     else:
         record = run_profile(args)
+    if args.serve:
+        from tokenmill.sim.serve_profile import measure_serving, serve_args
+        log = Path(tempfile.gettempdir()) / f"tokenmill-sim-profile-serve-{os.getpid()}.log"
+        print("measuring the serving path through tokenmill serve", flush=True)
+        record["serving"] = measure_serving(record, serve_args(record, args), int(record["num_kv_blocks"]),
+                                            int(record["max_num_batched_tokens"]), log)
+        terms = record["serving"]["terms"]
+        print("serving path: " + ", ".join(f"{k} {1000 * v:.3f} ms" for k, v in terms.items()))
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
     fit = record["fit"]

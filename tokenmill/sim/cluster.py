@@ -19,6 +19,7 @@ KV_DTYPES = ("bfloat16", "fp8", "int8")
 class ClusterConfig:
     replicas: int = 1  # unified replicas (ignored when prefill_replicas > 0)
     tp: int = 1
+    decode_tp: int | None = None  # disaggregated: the decode replicas' own TP degree (default: tp)
     prefill_replicas: int = 0  # >0: disaggregated, with decode_replicas
     decode_replicas: int = 0
     max_num_batched_tokens: int = 1024
@@ -43,11 +44,13 @@ class ClusterConfig:
             raise ValueError(f"weight_dtype must be one of {', '.join(WEIGHT_DTYPES)}, got {self.weight_dtype!r}")
         if self.kv_dtype not in KV_DTYPES:
             raise ValueError(f"kv_dtype must be one of {', '.join(KV_DTYPES)}, got {self.kv_dtype!r}")
-        for name in ("replicas", "tp"):
-            if getattr(self, name) < 1:
+        for name in ("replicas", "tp", "decode_tp"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if (self.prefill_replicas > 0) != (self.decode_replicas > 0):
             raise ValueError("prefill_replicas and decode_replicas go together (both > 0, or both 0)")
+        if self.decode_tp is not None and not self.disaggregated:
+            raise ValueError("decode_tp needs prefill and decode replicas")
         if self.partitions < 1 or (self.partitions > 1 and self.tp > 1):
             raise ValueError(f"partitions must be >= 1 and needs tp 1, got partitions={self.partitions} tp={self.tp}")
         if not 0 < self.kv_memory_fraction <= 1:
@@ -57,10 +60,14 @@ class ClusterConfig:
     def disaggregated(self) -> bool:
         return self.prefill_replicas > 0
 
+    def tp_of(self, role: str) -> int:
+        return self.decode_tp if role == "decode" and self.decode_tp is not None else self.tp
+
     @property
-    def num_devices(self) -> int:
-        n = self.prefill_replicas + self.decode_replicas if self.disaggregated else self.replicas
-        return n * self.tp / self.partitions
+    def num_devices(self) -> float:
+        if self.disaggregated:
+            return self.prefill_replicas * self.tp + self.decode_replicas * self.tp_of("decode")
+        return self.replicas * self.tp / self.partitions
 
     def scheduler(self) -> SchedulerConfig:
         return SchedulerConfig(self.max_num_batched_tokens, self.max_num_seqs, self.max_model_len,
@@ -68,7 +75,8 @@ class ClusterConfig:
 
     def label(self) -> str:
         pool = f"{self.prefill_replicas}P:{self.decode_replicas}D" if self.disaggregated else f"{self.replicas}x"
-        return (f"{pool} TP{self.tp} batch{self.max_num_batched_tokens} w={self.weight_dtype} kv={self.kv_dtype}"
+        tp = f"TP{self.tp}" if self.tp_of("decode") == self.tp else f"TP{self.tp}/{self.decode_tp}"
+        return (f"{pool} {tp} batch{self.max_num_batched_tokens} w={self.weight_dtype} kv={self.kv_dtype}"
                 + ("" if self.kv_memory_fraction == 1 else f" kvmem={self.kv_memory_fraction:g}")
                 + ("" if self.enable_prefix_caching else " no-prefix-cache")
                 + ("" if self.continuous_batching else " static-batching")
@@ -78,16 +86,17 @@ class ClusterConfig:
 def hardware_replica(cfg: ClusterConfig, hw: Hardware, shape: ModelShape, role: str) -> ReplicaSpec:
     if cfg.partitions > 1:
         hw = hw.slice(cfg.partitions)
-    perf = hw.perf_model(shape, cfg.weight_dtype, cfg.kv_dtype, cfg.tp)
+    tp = cfg.tp_of(role)
+    perf = hw.perf_model(shape, cfg.weight_dtype, cfg.kv_dtype, tp)
     blocks = cfg.num_kv_blocks
     if blocks is None:
-        free = hw.usable_memory_bytes() * cfg.tp - perf.weight_bytes
+        free = hw.usable_memory_bytes() * tp - perf.weight_bytes
         blocks = int(free * cfg.kv_memory_fraction // (perf.kv_bytes_per_token * cfg.block_size))
         if blocks < cdiv(cfg.max_model_len, cfg.block_size):
-            raise ValueError(f"{shape.name} in {cfg.weight_dtype} does not fit {cfg.tp} x {hw.key} with room "
+            raise ValueError(f"{shape.name} in {cfg.weight_dtype} does not fit {tp} x {hw.key} with room "
                              f"for one {cfg.max_model_len}-token request")
     return ReplicaSpec(perf, cfg.scheduler(), blocks, cfg.block_size, cfg.enable_prefix_caching, role,
-                       hw.price_per_hour * cfg.tp, cfg.continuous_batching)
+                       hw.price_per_hour * tp, cfg.continuous_batching)
 
 
 def build_cluster(cfg: ClusterConfig, shape: ModelShape, hardware: dict[str, Hardware] | None = None,

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from tokenmill.sim.model_shape import ModelShape
-from tokenmill.sim.perf_model import Interconnect, PerfCoefficients, PerfModel
+from tokenmill.sim.perf_model import Interconnect, PerfCoefficients, PerfModel, ServingOverhead
 
 PROFILES = resources.files("tokenmill.sim") / "profiles"
 HARDWARE_YAML = PROFILES / "hardware.yaml"
@@ -105,5 +105,7 @@ def load_profile(path: str | Path | None = None) -> dict[str, Any]:
 
 def profile_perf_model(profile: dict[str, Any], shape: ModelShape | None = None) -> PerfModel:
     shape = shape or ModelShape(**profile["model_shape"])
+    serving = profile.get("serving")
     return PerfModel(shape, PerfCoefficients(**profile["coefficients"]), profile.get("weight_dtype", "bfloat16"),
-                     profile.get("kv_dtype", "bfloat16"))
+                     profile.get("kv_dtype", "bfloat16"),
+                     serving=ServingOverhead(**serving["terms"]) if serving else None)

@@ -4,8 +4,8 @@ every step, and fit the performance model's coefficients (the only part of sim/ 
 Each grid point adds S requests of L random prompt tokens (no shared prefixes) and runs them to a
 few output tokens through `LLMEngine.step()` (scheduler, model, sampling, detokenizing: what one
 serving step costs), so the steps cover pure prefill chunks, prefill + decode mixes and decode
-batches at several contexts. Memory bandwidth is measured separately (a large array copy) and held
-fixed; the fit finds the GEMM and attention rates and the overheads (robust least squares on
+batches at several contexts. Memory bandwidth is measured separately (a large array copy) as the
+fit's starting point; the fit finds it, the GEMM and attention rates and the overheads (least squares on
 relative error). Each grid point runs several times and each step keeps its fastest run, so the
 profile describes this machine unloaded (another job can only add time).
 """
@@ -105,7 +105,8 @@ class FitResult:
     p90_abs_rel_err: float
 
 
-FITTED = ("linear_flops_per_s", "attention_flops_per_s", "step_overhead_s", "per_seq_s", "per_token_s")
+FITTED = ("linear_flops_per_s", "attention_flops_per_s", "step_overhead_s", "per_seq_s", "per_token_s",
+          "per_kv_token_s", "mem_bytes_per_s")
 
 
 def fit(shape: ModelShape, samples: list[tuple[BatchShape, float]], mem_bytes_per_s: float,
@@ -115,16 +116,21 @@ def fit(shape: ModelShape, samples: list[tuple[BatchShape, float]], mem_bytes_pe
     y = np.array([t for _, t in samples])
 
     def coeff(logp: np.ndarray) -> PerfCoefficients:
-        return PerfCoefficients(**dict(zip(FITTED, np.exp(logp))), mem_bytes_per_s=mem_bytes_per_s)
+        return PerfCoefficients(**dict(zip(FITTED, np.exp(logp))))
 
     def residuals(logp: np.ndarray) -> np.ndarray:
         m = PerfModel(shape, coeff(logp), weight_dtype, kv_dtype)
         return np.array([m.step_time(b) for b, _ in samples]) / y - 1.0
 
     # the max() terms make the surface non-convex: start from a few GEMM/attention rates, keep the best
-    starts = [np.log([f_lin, f_attn, float(np.min(y)) / 2, 1e-4, 1e-6])
+    # memory bandwidth starts from the measured copy's (a copy reads and writes; a step mostly reads)
+    starts = [np.log([f_lin, f_attn, float(np.min(y)) / 2, 1e-4, 1e-6, 1e-7, mem_bytes_per_s])
               for f_lin in (20e9, 60e9, 200e9) for f_attn in (5e9, 20e9, 80e9)]
-    sol = min((least_squares(residuals, x0) for x0 in starts), key=lambda r: r.cost)
+    # bandwidth within a factor 2 of the copy's (else it trades off freely against the fixed overhead)
+    lo = np.full(len(FITTED), -np.inf)
+    hi = np.full(len(FITTED), np.inf)
+    lo[-1], hi[-1] = np.log(mem_bytes_per_s / 2), np.log(mem_bytes_per_s * 2)
+    sol = min((least_squares(residuals, x0, bounds=(lo, hi)) for x0 in starts), key=lambda r: r.cost)
     err = np.abs(residuals(sol.x))
     return FitResult(coeff(sol.x), float(np.median(err)), float(np.percentile(err, 90)))
 
@@ -169,7 +175,6 @@ def profile_record(args: Any, engine: Any, shape: ModelShape, weight_dtype: str,
         "max_num_batched_tokens": cfg.scheduler.max_num_batched_tokens,
         "measured_memory_bytes_per_s": bandwidth,
         "coefficients": asdict(result.coeff),
-        "frontend_latency_s": 0.0,
         "load_average": list(os.getloadavg()),
         "repeats": args.repeats,
         "fit": {"num_steps": len(samples), "median_abs_rel_err": result.median_abs_rel_err,

@@ -6,7 +6,8 @@ assumed efficiencies: see hardware.yaml). `python -m tokenmill.sim.reproduce {di
   engine. Setup here: OPT-13B on A100-80GB, chatbot-like lengths (log-normal, mean 750 in / 200
   out, clipped to 1536 / 512 for OPT's 2048-token context; our stand-in for ShareGPT), SLO TTFT <= 0.25 s and TPOT <= 0.1 s; 2 GPUs colocated (2
   replicas, vLLM-2023-style: no chunked prefill, a prompt runs whole) vs 1 prefill + 1 decode GPU.
-  The chunked-prefill colocated engine (ours by default) is shown too.
+  The chunked-prefill colocated engine (ours by default) is shown too. `distserve-tp`: DistServe's
+  placement search in small (a TP degree per phase, the P:D count), against colocated with its TP searched.
 - Splitwise (ISCA'24): prefill on H100 and decode on cheaper A100 ("Splitwise-HA") serves the same
   load at lower cost than all-H100. Setup here: Llama-2-70B, TP8 machines (8 GPUs each),
   conversation-like lengths (mean 1020 in / 129 out), SLO TTFT p99 <= 2 s, TPOT p99 <= 100 ms;
@@ -97,6 +98,35 @@ def distserve(n: int, tpot_slos: tuple[float, ...] = (0.1, 0.04)) -> dict[str, A
     return rows
 
 
+def distserve_parallelism(n: int, tpot_slos: tuple[float, ...] = (0.1, 0.04)) -> dict[str, Any]:
+    """DistServe's placement search, in small: each phase gets its own TP degree and instance count
+    (prefill TP x decode TP in {1, 2}, P:D in 1:1, 2:1, 1:2), the colocated engine its TP (1, 2);
+    the best goodput per GPU of each family."""
+    shape, hw = ModelShape.from_hf_config(OPT_13B, "OPT-13B"), load_hardware()
+    lengths = (750, 200, 0, 1536, 512)
+    common = {"max_num_batched_tokens": 2048, "max_model_len": 2048}
+    families = {
+        "colocated, whole prefills, TP searched": [ClusterConfig(replicas=2 // tp, tp=tp, **common) for tp in (1, 2)],
+        "disaggregated, one TP for both phases": [
+            ClusterConfig(prefill_replicas=p, decode_replicas=d, tp=tp, link_gbps=25.0, **common)
+            for tp in (1, 2) for p, d in ((1, 1), (2, 1), (1, 2))],
+        "disaggregated, TP per phase": [
+            ClusterConfig(prefill_replicas=p, decode_replicas=d, tp=tp_p, decode_tp=tp_d, link_gbps=25.0, **common)
+            for tp_p in (1, 2) for tp_d in (1, 2) for p, d in ((1, 1), (2, 1), (1, 2))],
+    }
+    rows = {}
+    for tpot in tpot_slos:
+        slo, base = (0.25, tpot), None
+        for name, configs in families.items():
+            best = max(((max_rate(lambda cfg=cfg: build_cluster(cfg, shape, hw, "a100"), n, lengths, slo) / cfg.num_devices,
+                         cfg) for cfg in configs), key=lambda x: x[0])
+            base = best[0] if base is None else base
+            rows[f"{name}, TPOT <= {1000 * tpot:g} ms"] = {
+                "best": best[1].label().split(" batch")[0], "goodput_per_gpu": best[0],
+                "gain": best[0] / base if base else None}
+    return rows
+
+
 def splitwise(n: int, rate: float) -> dict[str, Any]:
     shape, hw = ModelShape.from_hf_config(LLAMA2_70B, "Llama-2-70B"), load_hardware()
     slo = parse_slo("ttft_p99<=2s,tpot_p99<=100ms")
@@ -131,12 +161,15 @@ def splitwise(n: int, rate: float) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m tokenmill.sim.reproduce")
-    p.add_argument("paper", choices=("distserve", "splitwise"))
+    p.add_argument("paper", choices=("distserve", "distserve-tp", "splitwise"))
     p.add_argument("--num-requests", type=int, default=400)
     p.add_argument("--rate", type=float, default=20.0, help="splitwise: the load served (req/s)")
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
-    rows = distserve(args.num_requests) if args.paper == "distserve" else splitwise(args.num_requests, args.rate)
+    if args.paper == "splitwise":
+        rows = splitwise(args.num_requests, args.rate)
+    else:
+        rows = (distserve if args.paper == "distserve" else distserve_parallelism)(args.num_requests)
     keys = sorted({k for r in rows.values() for k in r})
     table = md_table(["Setup", *keys], [[name, *[r.get(k) for k in keys]] for name, r in rows.items()])
     Path(args.out).mkdir(parents=True, exist_ok=True)

@@ -40,10 +40,6 @@ class Source:
         hw = self.hardware[self.device]
         return f"datasheet {hw.name} (price {hw.price_per_hour}/h: {hw.price_source})"
 
-    @property
-    def frontend_latency_s(self) -> float:
-        return float((self.profile or {}).get("frontend_latency_s", 0.0))
-
 
 def resolve_source(args: argparse.Namespace) -> Source:
     if args.hardware and args.profile:
@@ -87,7 +83,7 @@ def run_rate(plan: Plan, source: Source, cfg: ClusterConfig, tokens: TokenCounte
     sim, sims = simulate(source, cfg, requests, offsets_for(plan, requests, rate), tokens,
                          plan.price.per_hour if plan.price and source.profile is not None else 0.0)
     wall = time.perf_counter() - t0
-    results = to_request_results(sims, requests, source.frontend_latency_s)
+    results = to_request_results(sims, requests)
     price = cluster_price(plan, source, sim)
     summary = summarize(results, run_duration(sims), len(requests), plan.slo.slo, price.per_hour,
                         server_stats(sim))

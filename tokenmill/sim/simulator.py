@@ -181,7 +181,7 @@ class ClusterSimulator:
             if r.output_len < 1 or not r.prompt_token_ids:
                 raise ValueError(f"request {r.request_id!r}: needs a prompt and output_len >= 1")
             self.results[r.request_id] = SimResult(r.request_id, r.arrival, len(r.prompt_token_ids), r.output_len)
-            self._push(r.arrival, "arrive", r)
+            self._push(r.arrival + self._admission_s(r), "arrive", r)
         while True:
             busy = [r for r in self.replicas if r.busy]
             nxt = min(busy, key=lambda r: (r.clock.now, r.index)) if busy else None
@@ -194,6 +194,11 @@ class ClusterSimulator:
             else:
                 self._step(nxt)
         return [self.results[r.request_id] for r in requests]
+
+    def _admission_s(self, r: SimRequest) -> float:
+        """A measured server's HTTP + tokenization time before the request reaches a scheduler."""
+        serving = getattr(self.front[0].spec.perf, "serving", None)  # a bare step_time() model has none
+        return serving.admission_s(len(r.prompt_token_ids)) if serving is not None else 0.0
 
     def _deliver(self, t: float, kind: str, payload: object) -> None:
         if kind == "arrive":

@@ -53,7 +53,7 @@ def add_validate_args(p: argparse.ArgumentParser) -> None:
                    help="keep the measured runs already in --out; simulate again (e.g. with a new --profile)")
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -64,8 +64,13 @@ def _cli(*args: str) -> list[str]:
 
 
 def start_server(args: argparse.Namespace, port: int, log: Path) -> subprocess.Popen:
-    cmd = _cli("serve", "--host", "127.0.0.1", "--port", str(port), "--num-threads", str(args.num_threads),
-               "--num-kv-blocks", str(args.num_kv_blocks), "--max-num-batched-tokens", str(args.max_num_batched_tokens))
+    return launch_server(["--num-threads", str(args.num_threads), "--num-kv-blocks", str(args.num_kv_blocks),
+                          "--max-num-batched-tokens", str(args.max_num_batched_tokens)], port, log)
+
+
+def launch_server(serve_args: list[str], port: int, log: Path) -> subprocess.Popen:
+    """`tokenmill serve SERVE_ARGS` on 127.0.0.1:port, once /health answers."""
+    cmd = _cli("serve", "--host", "127.0.0.1", "--port", str(port), *serve_args)
     proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline:
@@ -148,7 +153,7 @@ def run_validate(args: argparse.Namespace) -> int:
             raise ValueError(f"--workloads: {workload!r} is not one of {', '.join(DEFAULT_CASES)}")
         opts, rates = DEFAULT_CASES[workload]
         rates = [float(r) for r in args.rates.split(",")] if args.rates else rates
-        port = _free_port()
+        port = free_port()
         server = None if args.sim_only else start_server(args, port, out / f"server-{workload}.log")
         try:
             for index, rate in enumerate(rates):

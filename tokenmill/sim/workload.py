@@ -43,17 +43,14 @@ def to_sim_requests(requests: Sequence[BenchRequest], offsets: Sequence[float],
             for i, (r, off) in enumerate(zip(requests, offsets))]
 
 
-def to_request_results(sims: Sequence[SimResult], requests: Sequence[BenchRequest],
-                       frontend_latency_s: float = 0.0) -> list[RequestResult]:
-    """`frontend_latency_s`: the serving path's fixed cost outside the engine step (HTTP, the first
-    streamed chunk), added to every TTFT and E2E."""
+def to_request_results(sims: Sequence[SimResult], requests: Sequence[BenchRequest]) -> list[RequestResult]:
     out = []
     for i, (s, r) in enumerate(zip(sims, requests)):
         res = RequestResult(i, r.input_len, r.output_len, s.arrival, start_s=s.arrival, success=True,
                             status_code=200, prompt_tokens=s.prompt_len, output_tokens=len(s.token_times),
                             usage_reported=True, num_chunks=len(s.token_times))
-        res.ttft_s = s.ttft + frontend_latency_s
-        res.e2e_s = s.e2e + frontend_latency_s
+        res.ttft_s = s.ttft
+        res.e2e_s = s.e2e
         res.itl_s = [b - a for a, b in zip(s.token_times, s.token_times[1:])]
         out.append(res)
     return out
