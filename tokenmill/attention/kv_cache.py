@@ -24,7 +24,10 @@ absmax grows, and those roundings add up (measured in docs/benchmarks/prefix_and
 """
 from __future__ import annotations
 
+import ctypes
+import functools
 import math
+import os
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -93,6 +96,38 @@ def zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     torch.zeros would memset the whole budget up front (about 4 s for 2.3 GiB here)."""
     nbytes = math.prod(shape) * _elem(dtype)
     return torch.from_numpy(np.zeros(nbytes, dtype=np.uint8)).view(dtype).view(shape)
+
+
+def resident_bytes(tensors) -> int:
+    """Bytes of these tensors (nested lists/tuples) the OS has mapped (mincore): a lazily mapped KV
+    cache grows towards its budget as blocks are first written, then stays there."""
+    page = os.sysconf("SC_PAGE_SIZE")
+    total = 0
+    for t in _flat(tensors):
+        start = t.data_ptr() - t.data_ptr() % page
+        pages = -(-(t.data_ptr() + t.numel() * t.element_size() - start) // page)
+        if pages <= 0:
+            continue
+        vec = (ctypes.c_ubyte * pages)()
+        if _libc().mincore(ctypes.c_void_p(start), ctypes.c_size_t(pages * page), vec) != 0:
+            return -1  # not an mmap'd range (e.g. a small tensor inside the heap): unknown
+        total += int((np.frombuffer(vec, dtype=np.uint8) & 1).sum()) * page
+    return total
+
+
+def _flat(tensors):
+    if isinstance(tensors, torch.Tensor):
+        yield tensors
+    elif isinstance(tensors, (list, tuple)):
+        for t in tensors:
+            yield from _flat(t)
+
+
+@functools.cache
+def _libc() -> ctypes.CDLL:
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+    return libc
 
 
 def _elem(dtype: torch.dtype) -> int:

@@ -116,6 +116,12 @@ class AsyncLLMEngine:
         used = core.kv.pool.num_used_blocks if core is not None else 0
         return used, self.engine.get_num_unfinished_requests(), len(self._streams)
 
+    def kv_resident_bytes(self) -> int:
+        """Bytes of the KV cache the OS has mapped so far (-1: unknown); read without the loop's lock."""
+        from tokenmill.attention.kv_cache import resident_bytes
+        runner = getattr(self.engine, "runner", None)
+        return resident_bytes(list(runner.kv_caches)) if runner is not None else 0
+
     @property
     def is_running(self) -> bool:
         return self._thread is not None and self._thread.is_alive()

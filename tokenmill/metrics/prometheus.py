@@ -85,6 +85,9 @@ class PrometheusStatLogger:
         self.used_blocks = gauge("kv_cache_used_blocks", "KV blocks held by requests (idle: 0).")
         self.engine_requests = gauge("engine_requests", "Requests in the engine's table, unfinished (idle: 0).")
         self.open_streams = gauge("engine_open_streams", "Requests with an open output stream (idle: 0).")
+        self.kv_resident = gauge("kv_cache_resident_bytes", "Bytes of the KV cache mapped by the OS: the cache "
+                                 "is mapped lazily, so this grows towards the KV budget as blocks are first "
+                                 "written, then stays (what process RSS includes of it).")
         self.ttft = hist("time_to_first_token_seconds", "Time from arrival to the first output token.",
                          TTFT_BUCKETS)
         self.tpot = hist("time_per_output_token_seconds",
@@ -225,7 +228,10 @@ class PrometheusStatLogger:
         self.req_prompt.observe(t.num_prompt_tokens)
         self.req_gen.observe(t.num_output_tokens)
 
-    def observe_tables(self, used_blocks: int, engine_requests: int, open_streams: int) -> None:
+    def observe_tables(self, used_blocks: int, engine_requests: int, open_streams: int,
+                       kv_resident_bytes: int | None = None) -> None:
+        if kv_resident_bytes is not None:
+            self.kv_resident.set(kv_resident_bytes)
         self.used_blocks.set(used_blocks)
         self.engine_requests.set(engine_requests)
         self.open_streams.set(open_streams)

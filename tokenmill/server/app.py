@@ -185,7 +185,7 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
     @app.get("/metrics")
     async def metrics():
         if state.stat_logger is not None and state.engine is not None:
-            state.stat_logger.observe_tables(*state.engine.table_sizes())
+            state.stat_logger.observe_tables(*state.engine.table_sizes(), state.engine.kv_resident_bytes())
         data = state.stat_logger.exposition() if state.stat_logger is not None else b""
         return Response(data, media_type=CONTENT_TYPE)
 
