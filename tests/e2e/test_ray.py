@@ -6,16 +6,17 @@ dashboard, a 100 MiB object store per node; the cluster is shut down after the m
   launcher, from its command line)
   behind the router: a long prompt is handed over (NIXL when the extra is installed, else shared
   memory: both nodes are this machine) and the greedy tokens equal the colocated tiny `server`'s.
-- A fleet pool with `launcher: ray` placed on node_b serves through the fleet endpoint.
+- A fleet pool with `launcher: ray` placed on node_b serves through the fleet endpoint, beside a
+  local (process) pool.
 - Killing an actor's engine process makes the actor exit, Ray restarts it on its node and port,
-  and the router / the fleet serve again (same tokens)."""
+  and the router / the fleet serve again (same tokens); a local fleet replica whose process died
+  is started again by the fleet."""
 from __future__ import annotations
 
 import os
 import signal
 import socket
 import time
-from pathlib import Path
 
 import httpx
 import openai
@@ -23,8 +24,6 @@ import pytest
 from e2e_helpers import TINY_ENGINE_ARGS, InProcessServer
 
 ray = pytest.importorskip("ray")  # the test extra installs it: this skip is for bare installs only
-from ray._private import ray_constants  # noqa: E402
-from ray.cluster_utils import Cluster  # noqa: E402
 
 from tokenmill.cli import build_parser  # noqa: E402
 from tokenmill.disagg.launchers import RayLauncher, make_launcher, wait_healthy  # noqa: E402
@@ -33,6 +32,7 @@ from tokenmill.disagg.router import Router, build_router_app  # noqa: E402
 from tokenmill.fleet.app import build_fleet_app  # noqa: E402
 from tokenmill.fleet.config import parse_fleet_config  # noqa: E402
 from tokenmill.fleet.runtime import FleetRuntime  # noqa: E402
+from tokenmill.ray.local_cluster import local_ray_cluster  # noqa: E402
 
 try:
     from tokenmill.disagg.nixl_worker import import_nixl
@@ -41,23 +41,12 @@ try:
 except ValueError:
     CONNECTOR = "shm"
 PROMPT = [(7 * i) % 500 + 3 for i in range(150)]  # token ids: over the router's threshold (64)
-NODE = dict(num_cpus=1, object_store_memory=100 * 2**20, node_ip_address="127.0.0.1", include_dashboard=False)
 
 
 @pytest.fixture(scope="module")
 def ray_cluster():
-    with pytest.MonkeyPatch.context() as mp:
-        # Ray turns a loopback address into the machine's; on a local cluster keep it loopback
-        mp.setenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-        mp.setattr(ray_constants, "ENABLE_RAY_CLUSTER", False)
-        cluster = Cluster(initialize_head=True, head_node_args=dict(NODE, resources={"node_a": 1}))
-        try:
-            cluster.add_node(**NODE, resources={"node_b": 1})
-            ray.init(address=cluster.address, log_to_driver=False)
-            yield cluster
-        finally:
-            ray.shutdown()
-            cluster.shutdown()
+    with local_ray_cluster(["node_a", "node_b"], num_cpus=1, object_store_mb=100) as cluster:
+        yield cluster
 
 
 def two_free_ports() -> int:
@@ -75,9 +64,9 @@ def two_free_ports() -> int:
     raise OSError("no two consecutive free ports")
 
 
-def tokens(url: str, prompt: list[int], api_key: str = "x", max_tokens: int = 16) -> list[int]:
+def tokens(url: str, prompt: list[int], api_key: str = "x", max_tokens: int = 16, model: str = "tiny") -> list[int]:
     client = openai.OpenAI(base_url=url + "/v1", api_key=api_key, timeout=60, max_retries=0)
-    out = client.completions.create(model="tiny", prompt=prompt, max_tokens=max_tokens, temperature=0,
+    out = client.completions.create(model=model, prompt=prompt, max_tokens=max_tokens, temperature=0,
                                     extra_body={"return_token_ids": True})
     return out.choices[0].token_ids
 
@@ -142,27 +131,36 @@ def test_prefill_and_decode_actors_on_two_nodes(ray_cluster, tiny_llama, server,
         launcher.stop()
 
 
-def test_fleet_pool_of_ray_actors(ray_cluster, tiny_llama, server, tmp_path):
+def test_fleet_pool_of_ray_actors_beside_a_local_pool(ray_cluster, tiny_llama, server, tmp_path):
+    """Both pools' replicas come back after their engine dies: Ray restarts the actor, the fleet
+    starts the local process again."""
+    engine = {"dtype": "float32", "kv_cache_memory_gb": 0.02, "disable_log_stats": True}
     config = parse_fleet_config({
         "pools": [{"name": "remote", "model": "tiny", "path": str(tiny_llama), "launcher": "ray",
                    "ray": {"resources": {"node_b": 0.01}, "num_cpus": 0.5, "max_restarts": 2},
-                   "hardware": {"name": "ray-cpu", "price_per_hour": 1.0},
-                   "engine": {"dtype": "float32", "kv_cache_memory_gb": 0.02, "disable_log_stats": True}}],
+                   "hardware": {"name": "ray-cpu", "price_per_hour": 1.0}, "engine": engine},
+                  {"name": "local", "model": "tiny-local", "path": str(tiny_llama),
+                   "hardware": {"name": "cpu", "price_per_hour": 1.0}, "engine": {**engine, "num_threads": 1}}],
         "slo_classes": {"standard": {"ttft_ms": 60000}},
         "tenants": {"acme": {"api_key": "KEY_A", "slo_class": "standard"}},
         "ledger": str(tmp_path / "ledger.sqlite"), "ray_address": ray_cluster.address})
     runtime = FleetRuntime(config, tmp_path / "replicas")
-    replica = runtime.pools[0].replicas[0]
+    remote, local = runtime.pools[0].replicas[0], runtime.pools[1].replicas[0]
     with InProcessServer(build_fleet_app(runtime), start_timeout=240) as fleet:
-        info = replica.engine.info()
+        info = remote.engine.info()
         assert "node_b" in {n["NodeID"]: n["Resources"] for n in ray.nodes()}[info["node_id"]]
         want = tokens(server.url, PROMPT)
         assert tokens(fleet.url, PROMPT, api_key="KEY_A") == want
+        assert tokens(fleet.url, PROMPT, api_key="KEY_A", model="tiny-local") == want
 
-        kill_engine_and_wait_restart(replica.engine)
+        old_pid = local.proc.pid
+        local.proc.kill()
+        kill_engine_and_wait_restart(remote.engine)
         healthy = lambda: metric(fleet.url, "tokenmill:fleet_pool_replicas_healthy")  # noqa: E731
-        wait_until(lambda: healthy() == 1 and httpx.get(replica.url + "/health", timeout=2).status_code == 200,
-                   timeout=120)
+        wait_until(lambda: local.proc.pid != old_pid and healthy() == 2 and all(
+            httpx.get(r.url + "/health", timeout=2).status_code == 200 for r in (remote, local)), timeout=120)
         assert tokens(fleet.url, PROMPT, api_key="KEY_A") == want
-        assert metric(fleet.url, "tokenmill:fleet_requests_total") == 2
-    assert not replica.healthy
+        assert tokens(fleet.url, PROMPT, api_key="KEY_A", model="tiny-local") == want
+        assert metric(fleet.url, "tokenmill:fleet_requests_total") == 4
+        assert metric(fleet.url, "tokenmill:fleet_replica_restarts_total") == 1  # the local one; Ray did the other
+    assert not remote.healthy and not local.healthy

@@ -130,14 +130,23 @@ class Replica:
         """After a failed scrape: keep routing to it? (a process that still runs: a slow scrape)"""
         return False
 
+    def revive(self) -> bool:
+        """Start the replica again if it died (not stopped); True if it did. Ray pools: Ray does it."""
+        return False
+
     def stop(self, timeout: float = 15.0) -> None:
         raise NotImplementedError
+
+
+RESTART_INTERVAL_S = 5.0  # a replica that keeps dying is started again at most this often
 
 
 @dataclass
 class ReplicaProcess(Replica):
     port: int = field(default_factory=free_port)
     proc: subprocess.Popen | None = None
+    stopped: bool = False
+    last_start: float = 0.0
 
     @property
     def url(self) -> str:
@@ -154,6 +163,7 @@ class ReplicaProcess(Replica):
         log = open(self.log_dir / f"{self.name}.log", "ab")
         self.proc = subprocess.Popen(self.argv(), env=env, stdout=log, stderr=subprocess.STDOUT,
                                      preexec_fn=lambda: _in_child(cores))
+        self.last_start = time.monotonic()
         log.close()
         logger.info("replica %s: pid %d on port %d, cores %s", self.name, self.proc.pid, self.port,
                     cores if cores else "all (time-sliced)")
@@ -166,7 +176,18 @@ class ReplicaProcess(Replica):
     def may_be_healthy(self) -> bool:
         return self.proc is not None and self.proc.poll() is None and self.healthy
 
+    def revive(self) -> bool:
+        if (self.stopped or self.proc is None or self.proc.poll() is None
+                or time.monotonic() - self.last_start < RESTART_INTERVAL_S):
+            return False
+        logger.warning("replica %s exited with %s: starting it again on port %d", self.name, self.proc.returncode,
+                       self.port)
+        self.healthy = False
+        self.start()
+        return True
+
     def stop(self, timeout: float = 15.0) -> None:
+        self.stopped = True
         if self.proc is None or self.proc.poll() is not None:
             return
         self.proc.send_signal(signal.SIGTERM)

@@ -1,7 +1,7 @@
 """The running fleet: its replicas, router, metrics and ledger, and the loops that keep them fresh.
 
 Every second it scrapes each replica's /metrics (KV usage, engine queues, prefix hits, busy
-seconds); every `idle_cost_interval_s` it writes each replica's wall and busy seconds to the ledger
+seconds) and starts again a local replica whose process died (Ray restarts its own actors); every `idle_cost_interval_s` it writes each replica's wall and busy seconds to the ledger
 (idle cost, utilization). `finish` is called once per request that reached an engine: it releases
 the request's place, bills it in the ledger and counts it in the metrics.
 """
@@ -129,6 +129,10 @@ class FleetRuntime:
                 logger.exception("fleet background task failed")
 
     async def scrape(self) -> None:
+        for p in self.pools:
+            for r in p.replicas:
+                if r.revive():  # its engine died: started again, healthy at its first good scrape
+                    self.metrics.restarts.labels(p.name).inc()
         await asyncio.gather(*(r.scrape(self.client) for r in self.replicas()))
         self.update_gauges()
 
