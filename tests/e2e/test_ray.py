@@ -13,6 +13,7 @@ dashboard, a 100 MiB object store per node; the cluster is shut down after the m
   is started again by the fleet."""
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -77,6 +78,25 @@ def metric(url: str, name: str) -> float:
                if line.startswith(name) and not line.startswith("#"))
 
 
+def listen_addresses(pid: int) -> set[str]:
+    """The addresses the process's listening TCP sockets are bound to (from /proc)."""
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        with contextlib.suppress(OSError):
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            if target.startswith("socket:["):
+                inodes.add(target[8:-1])
+    out = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as f:
+            for line in f.readlines()[1:]:
+                fields = line.split()
+                if fields[3] == "0A" and fields[9] in inodes:  # 0A: LISTEN
+                    ip = fields[1].split(":")[0]
+                    out.add(socket.inet_ntoa(bytes.fromhex(ip)[::-1]) if len(ip) == 8 else ip)
+    return out
+
+
 def kill_engine_and_wait_restart(engine, timeout: float = 120.0) -> dict:
     """SIGKILL the actor's engine process; return the restarted actor's report."""
     before = engine.info()
@@ -113,6 +133,8 @@ def test_prefill_and_decode_actors_on_two_nodes(ray_cluster, tiny_llama, server,
         nodes = {n["NodeID"]: n["Resources"] for n in ray.nodes()}
         assert "node_a" in nodes[p_eng.info()["node_id"]] and "node_b" in nodes[d_eng.info()["node_id"]]
         launcher.wait_ready(timeout=240)
+        for e in (p_eng, d_eng):  # the HTTP server and NIXL's UCX listener: loopback only
+            assert listen_addresses(e.info()["pid"]) == {"127.0.0.1"}
         want = tokens(server.url, PROMPT)
         cfg = RouterConfig(min_remote_prefill_tokens=64)
         with InProcessServer(build_router_app(Router([p_url], [d_url], [], cfg, poll_interval_s=0.05))) as r:

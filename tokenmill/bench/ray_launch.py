@@ -7,7 +7,7 @@ Setups (both: the default model, --kv-connector nixl, `tokenmill router` in its 
   ray      a local Ray cluster of two logical nodes (1 CPU each, custom resources node_a / node_b,
            127.0.0.1), `tokenmill cluster --launcher ray`'s RayLauncher: prefill on node_a, decode
            on node_b (Ray reserves logical CPUs; it does not pin threads to cores)
-Per setup: seconds from the first start call to both engines healthy, then bench.disagg's
+--setups picks them and their order. Per setup: seconds from the first start call to both engines healthy, then bench.disagg's
 long-short-mix workload through the router (a warm-up of 6 requests, then --num-requests at
 --rate). Writes results.json and report.md into --out.
 """
@@ -68,12 +68,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--slo-ttft-ms", type=int, default=2000)
     ap.add_argument("--slo-tpot-ms", type=int, default=100)
     ap.add_argument("--first-port", type=int, default=18710)
+    ap.add_argument("--setups", default="process,ray", help="which, in this order (default: %(default)s)")
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
-    rows = [run_setup("process", args, args.first_port)]
-    from tokenmill.ray.local_cluster import local_ray_cluster
-    with local_ray_cluster(["node_a", "node_b"]):
-        rows.append(run_setup("ray", args, args.first_port + 2))
+    rows = []
+    for i, setup in enumerate(args.setups.split(",")):
+        if setup == "process":
+            rows.append(run_setup("process", args, args.first_port + 2 * i))
+        else:
+            from tokenmill.ray.local_cluster import local_ray_cluster
+            with local_ray_cluster(["node_a", "node_b"]):
+                rows.append(run_setup("ray", args, args.first_port + 2 * i))
     for r in rows:
         print(json.dumps(r), flush=True)
     (args.out / "results.json").write_text(json.dumps(rows, indent=1))

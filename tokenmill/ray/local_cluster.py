@@ -15,8 +15,11 @@ def local_ray_cluster(node_resources: list[str], num_cpus: float = 1, object_sto
     from ray._private import ray_constants
     from ray.cluster_utils import Cluster
     # Ray turns a loopback bootstrap address into the machine's address; keep everything on loopback
-    saved = os.environ.get("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"), ray_constants.ENABLE_RAY_CLUSTER
-    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    env = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+           "UCX_NET_DEVICES": "lo"}  # and NIXL's UCX listens on loopback only (the nodes inherit this)
+    saved_env = {k: os.environ.get(k) for k in env}
+    saved_flag = ray_constants.ENABLE_RAY_CLUSTER
+    os.environ.update(env)
     ray_constants.ENABLE_RAY_CLUSTER = False
     node = dict(num_cpus=num_cpus, object_store_memory=object_store_mb * 2**20, node_ip_address="127.0.0.1",
                 include_dashboard=False)
@@ -29,8 +32,9 @@ def local_ray_cluster(node_resources: list[str], num_cpus: float = 1, object_sto
     finally:
         ray.shutdown()
         cluster.shutdown()
-        if saved[0] is None:
-            os.environ.pop("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", None)
-        else:
-            os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = saved[0]
-        ray_constants.ENABLE_RAY_CLUSTER = saved[1]
+        for k, v in saved_env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        ray_constants.ENABLE_RAY_CLUSTER = saved_flag
