@@ -9,6 +9,7 @@ NodeAffinitySchedulingStrategy). Restarts are Ray's own too: `max_restarts` (-1:
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,6 +31,13 @@ def connect(address: str | None = None) -> None:
     ray = import_ray()
     if not ray.is_initialized():
         ray.init(address=address or "auto", log_to_driver=False)
+
+
+@functools.cache
+def _engine_actor_class():
+    """EngineActor as a Ray actor class, made once per process (Ray exports it to the cluster once)."""
+    from tokenmill.ray.engine_actor import EngineActor
+    return import_ray().remote(EngineActor)
 
 
 @dataclass(frozen=True)
@@ -56,13 +64,11 @@ class RayEngine:
 
     def __init__(self, name: str, engine_args: list[str], port: int, placement: RayPlacement,
                  log_dir: str | None = None) -> None:
-        ray = import_ray()
-        from tokenmill.ray.engine_actor import EngineActor
         if "--num-threads" not in engine_args:
             engine_args = [*engine_args, "--num-threads", str(placement.threads())]
         self.name = name
         self.port = port
-        self.actor = ray.remote(EngineActor).options(**placement.actor_options()).remote(
+        self.actor = _engine_actor_class().options(**placement.actor_options()).remote(
             name, engine_args, port, log_dir)
         self.url: str | None = None
 
