@@ -100,9 +100,10 @@ class ServerProcess:
 class InProcessServer:
     """`build_app` on uvicorn in a thread of the test process (to reach into the engine)."""
 
-    def __init__(self, app, **uvicorn_kwargs) -> None:
+    def __init__(self, app, start_timeout: float = 30.0, **uvicorn_kwargs) -> None:
         import uvicorn
         self.app = app
+        self.start_timeout = start_timeout
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning",
@@ -111,7 +112,7 @@ class InProcessServer:
 
     def __enter__(self) -> InProcessServer:
         self.thread.start()
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + self.start_timeout
         while not self.server.started:
             assert time.monotonic() < deadline and self.thread.is_alive(), "in-process server did not start"
             time.sleep(0.02)

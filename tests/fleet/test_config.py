@@ -1,6 +1,7 @@
 """The fleet file: the issue's shape loads; every wrong field is an error naming it."""
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import yaml
@@ -48,6 +49,11 @@ def test_the_issue_example_loads(tmp_path):
     (lambda d: d["slo_classes"]["interactive"].update(ttft_ms=0), "slo_classes.interactive.ttft_ms"),
     (lambda d: d["pools"][1].update(name="premium"), "names must be unique, ['premium'] repeat"),
     (lambda d: d.pop("tenants"), "tenants: Field required"),
+    (lambda d: d["pools"][0].update(launcher="slurm"), "pools.0.launcher: Input should be 'process' or 'ray'"),
+    (lambda d: d["pools"][0].update(launcher="ray"), "pools.0: hardware.cores: a `launcher: ray` pool is placed by Ray"),
+    (lambda d: d["pools"][0].update(ray={"num_cpus": 1}), "pools.0: ray: only for `launcher: ray` pools"),
+    (lambda d: (d["pools"][0]["hardware"].pop("cores"), d["pools"][0].update(launcher="ray", ray={"num_cpu": 1})),
+     "pools.0.ray.num_cpu: unknown field"),
 ])
 def test_a_wrong_field_is_named(edit, expected):
     data = _example()
@@ -55,6 +61,19 @@ def test_a_wrong_field_is_named(edit, expected):
     with pytest.raises(ValueError) as e:
         parse_fleet_config(data, "fleet.yaml")
     assert expected.replace("Value error, ", "") in str(e.value) and str(e.value).startswith("fleet.yaml: ")
+
+
+def test_a_ray_pool_needs_no_cores():
+    data = _example()
+    data["pools"][1]["hardware"].pop("cores")
+    data["pools"][1].update(launcher="ray", ray={"resources": {"node_b": 0.01}, "num_cpus": 2, "first_port": 9100})
+    pool = parse_fleet_config(data).pools[1]
+    assert pool.launcher == "ray" and pool.ray_placement.resources == {"node_b": 0.01}
+    from tokenmill.fleet.ray_replica import RayReplica
+    from tokenmill.fleet.replica import make_replica
+    replica = make_replica(pool, 1, Path("/nonexistent"))  # not started: nothing needs Ray yet
+    assert isinstance(replica, RayReplica) and replica.port == 9101
+    assert replica.engine_args()[replica.engine_args().index("--num-threads") + 1] == "2"
 
 
 def test_the_command_says_it_in_one_line(tmp_path):

@@ -1,21 +1,21 @@
 """`tokenmill cluster --engines N`: N engines on this machine, each pinned to its share of the
 cores, behind the router with the elastic P:D planner.
 
+Where the engines run is the launcher's business (launchers.py): processes on this machine
+(`--launcher process`) or Ray actors on a Ray cluster's nodes (`--launcher ray`).
+
 Every engine starts with `--role prefill` (its KV cache in shared memory), so it can send and
 receive KV: its pool is the router's choice, and the planner moves engines between the prefill and
-decode pools without restarting them (tokenmill/disagg/planner.py). Engine logs go to --log-dir.
+decode pools without restarting them (tokenmill/disagg/planner.py). On Ray the engines move KV
+with NIXL unless --engine-args names another --kv-connector. Engine logs go to --log-dir.
 """
 from __future__ import annotations
 
 import os
 import shlex
 import signal
-import subprocess
 import sys
-import time
 from pathlib import Path
-
-import httpx
 
 from tokenmill.disagg.planner import PlannerConfig
 from tokenmill.disagg.policy import RouterConfig
@@ -38,6 +38,16 @@ def add_cluster_parser(sub) -> None:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--first-engine-port", type=int, default=8101)
+    p.add_argument("--launcher", choices=("process", "ray"), default="process",
+                   help="process: engines are processes here, pinned to cores; ray: Ray actors on the Ray "
+                        "cluster's nodes (extra tokenmill[ray]) (default: %(default)s)")
+    p.add_argument("--ray-address", default=None, help="the Ray cluster to join (default: RAY_ADDRESS or a "
+                                                       "local `ray start` head)")
+    p.add_argument("--ray-node-resources", nargs="*", default=[], metavar="RESOURCE",
+                   help="custom Ray resources naming nodes: engine i runs on a node with RESOURCE[i %% n] "
+                        "(default: anywhere Ray finds CPUs)")
+    p.add_argument("--ray-num-cpus", type=float, default=1.0, help="CPUs each engine actor reserves (default: "
+                                                                   "%(default)s)")
     p.add_argument("--log-dir", type=Path, default=Path("out/cluster"))
     p.add_argument("--min-remote-prefill-tokens", type=int, default=RouterConfig().min_remote_prefill_tokens)
     p.add_argument("--planner-interval", type=float, default=PlannerConfig().interval_s,
@@ -57,24 +67,18 @@ def run_cluster(args) -> int:
     _check(args)
     import uvicorn
 
+    from tokenmill.disagg.launchers import make_launcher
     from tokenmill.disagg.router import Router, build_router_app
     args.log_dir.mkdir(parents=True, exist_ok=True)
     shares = core_shares(sorted(os.sched_getaffinity(0)), args.engines)
-    procs, urls = [], []
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    launcher = make_launcher(args)
     try:
-        for i, cores in enumerate(shares):
-            port = args.first_engine_port + i
-            cmd = [sys.executable, "-m", "tokenmill", "serve", *([args.model] if args.model else []), "--role",
-                   "prefill", "--num-threads", str(len(cores)), "--host", "127.0.0.1", "--port", str(port),
-                   *shlex.split(args.engine_args)]
-            log = open(args.log_dir / f"engine{i}.log", "wb")
-            procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
-                                          preexec_fn=lambda c=cores: os.sched_setaffinity(0, set(c))))
-            urls.append(f"http://127.0.0.1:{port}")
-            print(f"engine {i}: {urls[-1]} on cores {cores} (log {log.name})", flush=True)
-        for url, proc in zip(urls, procs):
-            _wait(url, proc)
+        engine = [*([args.model] if args.model else []), "--role", "prefill", *shlex.split(args.engine_args)]
+        if args.launcher == "ray" and "--kv-connector" not in engine:
+            engine += ["--kv-connector", "nixl"]  # shared memory does not cross machines
+        urls = [launcher.start(i, engine, cores) for i, cores in enumerate(shares)]
+        launcher.wait_ready()
         router = Router(urls[:args.prefill], urls[args.prefill:], [],
                         RouterConfig(min_remote_prefill_tokens=args.min_remote_prefill_tokens))
         if not args.no_planner:
@@ -83,25 +87,5 @@ def run_cluster(args) -> int:
               f"{args.engines - args.prefill} decode; planner {'off' if args.no_planner else 'on'}", flush=True)
         uvicorn.run(build_router_app(router), host=args.host, port=args.port, log_level="warning")
     finally:
-        for proc in procs:
-            proc.terminate()
-        for proc in procs:
-            try:
-                proc.wait(20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        launcher.stop()
     return 0
-
-
-def _wait(url: str, proc: subprocess.Popen, timeout: float = 300.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise OSError(f"engine {url} exited with {proc.returncode} (see its log)")
-        try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise OSError(f"engine {url} not healthy after {timeout:.0f} s")

@@ -10,7 +10,8 @@
       acme: {api_key: KEY_A, slo_class: interactive}
       globex: {api_key: KEY_B, slo_class: batch}
 
-A pool is one model served by `replicas` engines (`tokenmill serve` processes) with one engine
+A pool is one model served by `replicas` engines (`tokenmill serve` processes, or with
+`launcher: ray` Ray actors on the nodes its `ray.resources` name, restarted by Ray when they die) with one engine
 configuration (`engine`: `tokenmill serve` flags, snake_case) on one hardware profile (a name, a
 price, and the CPU cores its engines are pinned to: without `cores` the engines share every core,
 time-sliced; with them each pool's engines run on their own cores, the CPU analogue of MIG; pools
@@ -23,7 +24,7 @@ from __future__ import annotations
 import argparse
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -55,6 +56,16 @@ class Hardware(_Strict):
         return cores
 
 
+class RayPool(_Strict):
+    """Where a `launcher: ray` pool's replicas run: Ray actors that need these resources."""
+    resources: dict[str, float] = Field(default_factory=dict, description="custom Ray resources each replica's "
+                                        "actor needs: they pick the node(s), e.g. {node_b: 0.01}")
+    num_cpus: float = Field(default=1.0, gt=0, description="CPUs each replica reserves (its engine's threads)")
+    max_restarts: int = Field(default=3, ge=-1, description="times Ray restarts a dead replica (-1: always)")
+    first_port: int | None = Field(default=None, ge=1024, le=65535, description="replica i listens on first_port "
+                                   "+ i on its node (default: a port free on this machine)")
+
+
 class Pool(_Strict):
     name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
     model: str = Field(min_length=1, description="the name requests use in their `model` field")
@@ -67,6 +78,9 @@ class Pool(_Strict):
                                                               "fleet queues more (its capacity)")
     switch_group: str | None = Field(default=None, min_length=1, description="pools of one switch group take "
                                      "turns on the device: one awake, the others asleep (KV cache released)")
+    launcher: Literal["process", "ray"] = Field(default="process", description="process: replicas are "
+                                                "processes on this machine; ray: Ray actors (tokenmill[ray])")
+    ray: RayPool | None = Field(default=None, description="placement of a `launcher: ray` pool")
 
     @field_validator("engine")
     @classmethod
@@ -76,6 +90,22 @@ class Pool(_Strict):
             raise ValueError(f"{reserved} are set by the fleet, not in `engine`")
         replica_argv(engine)  # raises naming the flag
         return engine
+
+    @model_validator(mode="after")
+    def _launcher(self) -> Pool:
+        if self.launcher == "ray":
+            if self.hardware.cores is not None:
+                raise ValueError("hardware.cores: a `launcher: ray` pool is placed by Ray (ray.resources, "
+                                 "ray.num_cpus), not pinned to this machine's cores")
+            if self.switch_group is not None:
+                raise ValueError("switch_group: only `launcher: process` pools take turns on one device")
+        elif self.ray is not None:
+            raise ValueError("ray: only for `launcher: ray` pools")
+        return self
+
+    @property
+    def ray_placement(self) -> RayPool:
+        return self.ray or RayPool()
 
     @property
     def model_path(self) -> str | None:
@@ -108,6 +138,8 @@ class FleetConfig(_Strict):
     max_queue: int = Field(default=64, ge=0, description="requests the fleet holds waiting for capacity")
     switch_quantum_s: float = Field(default=2.0, ge=0, description="in a switch group, how long a request for a "
                                     "sleeping pool waits before the awake pool stops taking new requests")
+    ray_address: str | None = Field(default=None, description="the Ray cluster of `launcher: ray` pools "
+                                    "(default: RAY_ADDRESS or a local `ray start` head)")
     idle_cost_interval_s: float = Field(default=5.0, gt=0, description="how often pool time is written to the "
                                                                         "ledger (idle cost, utilization)")
 

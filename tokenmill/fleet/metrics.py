@@ -4,7 +4,7 @@
   counters    fleet_requests_total{model,pool,tenant,slo_class,status}, fleet_prompt_tokens_total,
               fleet_generation_tokens_total, fleet_device_seconds_total, fleet_cost_usd_total (same
               labels but status), fleet_routing_decisions_total{slo_class,pool,reason},
-              fleet_requests_shed_total{tenant,slo_class,reason}
+              fleet_requests_shed_total{tenant,slo_class,reason}, fleet_replica_restarts_total{pool}
   histograms  fleet_time_to_first_token_seconds{pool,slo_class}, fleet_time_per_output_token_seconds
               (the engines' own TTFT/TPOT, from each response's usage extension)
   gauges      fleet_pool_in_flight{pool}, fleet_pool_replicas_healthy{pool},
@@ -56,6 +56,8 @@ class FleetMetrics:
                                  ["slo_class", "pool", "reason"], registry=reg)
         self.shed = Counter(P + "requests_shed", "Requests answered 429 (or 503 without a pool).",
                             ["tenant", "slo_class", "reason"], registry=reg)
+        self.restarts = Counter(P + "replica_restarts", "Replicas the fleet started again after their engine "
+                                "process died (`launcher: process`; Ray restarts its own).", ["pool"], registry=reg)
         self.ttft = Histogram(P + "time_to_first_token_seconds", "Engine TTFT of finished requests.",
                               ["pool", "slo_class"], buckets=TTFT_BUCKETS, registry=reg)
         self.tpot = Histogram(P + "time_per_output_token_seconds", "Engine TPOT of finished requests.",

@@ -1,4 +1,6 @@
-"""One replica of a pool: a `tokenmill serve` subprocess on loopback, pinned to the pool's cores.
+"""One replica of a pool: `Replica` is what the fleet sees (a name, a URL, health, scraped
+metrics); `ReplicaProcess` is a `tokenmill serve` subprocess on loopback, pinned to the pool's
+cores; a `launcher: ray` pool's replicas are `RayReplica`s (ray_replica.py). `make_replica` picks.
 
 Pinning uses os.sched_setaffinity in the child before it executes Python, so every thread the
 engine starts (torch's, the kernels') inherits the mask; the engine's --num-threads defaults to the
@@ -56,12 +58,11 @@ def parse_engine_metrics(text: str) -> dict[str, float]:
 
 
 @dataclass
-class ReplicaProcess:
+class Replica:
+    """A replica as the fleet sees it; subclasses start, stop and say whether it still lives."""
     pool: Pool
     index: int
     log_dir: Path
-    port: int = field(default_factory=free_port)
-    proc: subprocess.Popen | None = None
     healthy: bool = False
     metrics: dict[str, float] = field(default_factory=lambda: dict.fromkeys(SCRAPED, 0.0))
     started_at: float = 0.0  # time.monotonic() when it became healthy
@@ -72,40 +73,38 @@ class ReplicaProcess:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        raise NotImplementedError
 
-    def argv(self) -> list[str]:
+    def engine_args(self) -> list[str]:
+        """`tokenmill serve` flags (no host or port) for this pool's engine."""
         p = self.pool
-        args = [sys.executable, "-m", "tokenmill.server"]
-        if p.model_path is not None:
-            args.append(p.model_path)
+        args = [p.model_path] if p.model_path is not None else []
         engine = dict(p.engine)
-        if p.hardware.cores and "num_threads" not in engine:
-            engine["num_threads"] = len(p.hardware.cores)
+        threads = len(p.hardware.cores) if p.hardware.cores else None
+        if p.launcher == "ray":
+            threads = max(1, int(p.ray_placement.num_cpus))
+        if threads and "num_threads" not in engine:
+            engine["num_threads"] = threads
         args += replica_argv(engine)
         args += ["--served-model-name", p.model, "--price-per-hour", str(p.hardware.price_per_hour),
-                 "--host", "127.0.0.1", "--port", str(self.port), "--disable-access-log", "--public-metrics"]
+                 "--disable-access-log", "--public-metrics"]
         if p.switch_group is not None:
             args.append("--enable-sleep-mode")
         return args
 
     def start(self) -> None:
-        cores = self.pool.hardware.cores
-        env = dict(os.environ, PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false")
-        self.log_dir.mkdir(parents=True, exist_ok=True)
-        log = open(self.log_dir / f"{self.name}.log", "ab")
-        self.proc = subprocess.Popen(self.argv(), env=env, stdout=log, stderr=subprocess.STDOUT,
-                                     preexec_fn=lambda: _in_child(cores))
-        log.close()
-        logger.info("replica %s: pid %d on port %d, cores %s", self.name, self.proc.pid, self.port,
-                    cores if cores else "all (time-sliced)")
+        raise NotImplementedError
+
+    async def exit_reason(self) -> str | None:
+        """Why the replica cannot become healthy any more (None: it may still)."""
+        return None
 
     async def wait_ready(self, client: httpx.AsyncClient, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if self.proc is not None and self.proc.poll() is not None:
-                raise RuntimeError(f"replica {self.name} exited with {self.proc.returncode}; its log: "
-                                   f"{self.log_dir / (self.name + '.log')}")
+            reason = await self.exit_reason()
+            if reason is not None:
+                raise RuntimeError(f"replica {self.name} {reason}; its log: {self.log_dir / (self.name + '.log')}")
             try:
                 if (await client.get(self.url + "/health", timeout=2.0)).status_code == 200:
                     self.healthy = True
@@ -121,12 +120,74 @@ class ReplicaProcess:
             r = await client.get(self.url + "/metrics", timeout=5.0)
             r.raise_for_status()
         except httpx.HTTPError:
-            self.healthy = self.proc is not None and self.proc.poll() is None and self.healthy
+            self.healthy = self.may_be_healthy()
             return None
         self.metrics = parse_engine_metrics(r.text)
+        self.healthy = True  # e.g. back after a restart
         return self.metrics
 
+    def may_be_healthy(self) -> bool:
+        """After a failed scrape: keep routing to it? (a process that still runs: a slow scrape)"""
+        return False
+
+    def revive(self) -> bool:
+        """Start the replica again if it died (not stopped); True if it did. Ray pools: Ray does it."""
+        return False
+
     def stop(self, timeout: float = 15.0) -> None:
+        raise NotImplementedError
+
+
+RESTART_INTERVAL_S = 5.0  # a replica that keeps dying is started again at most this often
+
+
+@dataclass
+class ReplicaProcess(Replica):
+    port: int = field(default_factory=free_port)
+    proc: subprocess.Popen | None = None
+    stopped: bool = False
+    last_start: float = 0.0
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def argv(self) -> list[str]:
+        return [sys.executable, "-m", "tokenmill.server", *self.engine_args(), "--host", "127.0.0.1",
+                "--port", str(self.port)]
+
+    def start(self) -> None:
+        cores = self.pool.hardware.cores
+        env = dict(os.environ, PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false")
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        log = open(self.log_dir / f"{self.name}.log", "ab")
+        self.proc = subprocess.Popen(self.argv(), env=env, stdout=log, stderr=subprocess.STDOUT,
+                                     preexec_fn=lambda: _in_child(cores))
+        self.last_start = time.monotonic()
+        log.close()
+        logger.info("replica %s: pid %d on port %d, cores %s", self.name, self.proc.pid, self.port,
+                    cores if cores else "all (time-sliced)")
+
+    async def exit_reason(self) -> str | None:
+        if self.proc is not None and self.proc.poll() is not None:
+            return f"exited with {self.proc.returncode}"
+        return None
+
+    def may_be_healthy(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None and self.healthy
+
+    def revive(self) -> bool:
+        if (self.stopped or self.proc is None or self.proc.poll() is None
+                or time.monotonic() - self.last_start < RESTART_INTERVAL_S):
+            return False
+        logger.warning("replica %s exited with %s: starting it again on port %d", self.name, self.proc.returncode,
+                       self.port)
+        self.healthy = False
+        self.start()
+        return True
+
+    def stop(self, timeout: float = 15.0) -> None:
+        self.stopped = True
         if self.proc is None or self.proc.poll() is not None:
             return
         self.proc.send_signal(signal.SIGTERM)
@@ -136,3 +197,11 @@ class ReplicaProcess:
             self.proc.kill()
             self.proc.wait()
         self.healthy = False
+
+
+def make_replica(pool: Pool, index: int, log_dir: Path) -> Replica:
+    """The pool's launcher decides what a replica is."""
+    if pool.launcher == "ray":
+        from tokenmill.fleet.ray_replica import RayReplica
+        return RayReplica(pool, index, log_dir)
+    return ReplicaProcess(pool, index, log_dir)

@@ -23,7 +23,7 @@ import httpx
 from tokenmill.fleet.config import FleetConfig, Pool
 from tokenmill.fleet.policy import (Action, Decision, PoolLoad, Reason, RouterLimits, Targets, choose_pool,
                                     retry_after_s)
-from tokenmill.fleet.replica import ReplicaProcess
+from tokenmill.fleet.replica import Replica
 
 if TYPE_CHECKING:
     from tokenmill.fleet.switching import SwitchGroup
@@ -41,7 +41,7 @@ def _ewma(old: float | None, new: float | None) -> float | None:
 @dataclass
 class PoolRuntime:
     config: Pool
-    replicas: list[ReplicaProcess]
+    replicas: list[Replica]
     in_flight: dict[str, int] = field(default_factory=dict)  # replica name -> requests
     ttft_s: float | None = None
     tpot_s: float | None = None
@@ -51,7 +51,7 @@ class PoolRuntime:
     def name(self) -> str:
         return self.config.name
 
-    def healthy(self) -> list[ReplicaProcess]:
+    def healthy(self) -> list[Replica]:
         return [r for r in self.replicas if r.healthy]
 
     def load(self) -> PoolLoad:
@@ -59,7 +59,7 @@ class PoolRuntime:
                         self.config.max_concurrency, sum(self.in_flight.values()), self.ttft_s, self.tpot_s,
                         self.service_s)
 
-    def pick_replica(self) -> ReplicaProcess:
+    def pick_replica(self) -> Replica:
         return min(self.healthy(), key=lambda r: (self.in_flight.get(r.name, 0), r.index))
 
     def observe(self, ttft_s: float | None, tpot_s: float | None, service_s: float | None) -> None:
@@ -72,7 +72,7 @@ class PoolRuntime:
 class Lease:
     """A request's place on a replica, held until it finishes."""
     pool: PoolRuntime
-    replica: ReplicaProcess
+    replica: Replica
     decision: Decision
     queued_s: float = 0.0
 

@@ -1,7 +1,7 @@
 """The running fleet: its replicas, router, metrics and ledger, and the loops that keep them fresh.
 
 Every second it scrapes each replica's /metrics (KV usage, engine queues, prefix hits, busy
-seconds); every `idle_cost_interval_s` it writes each replica's wall and busy seconds to the ledger
+seconds) and starts again a local replica whose process died (Ray restarts its own actors); every `idle_cost_interval_s` it writes each replica's wall and busy seconds to the ledger
 (idle cost, utilization). `finish` is called once per request that reached an engine: it releases
 the request's place, bills it in the ledger and counts it in the metrics.
 """
@@ -20,7 +20,7 @@ from tokenmill.fleet.config import FleetConfig
 from tokenmill.fleet.ledger import Ledger, PoolTimeEntry, RequestEntry
 from tokenmill.fleet.metrics import FleetMetrics
 from tokenmill.fleet.policy import Decision
-from tokenmill.fleet.replica import ReplicaProcess
+from tokenmill.fleet.replica import Replica, make_replica
 from tokenmill.fleet.router import Lease, PoolRuntime, Router
 from tokenmill.fleet.switching import SwitchGroup
 
@@ -63,7 +63,7 @@ class FleetRuntime:
                  ready_timeout: float = 300.0) -> None:
         self.config = config
         self.ready_timeout = ready_timeout
-        self.pools = [PoolRuntime(p, [ReplicaProcess(p, i, log_dir) for i in range(p.replicas)])
+        self.pools = [PoolRuntime(p, [make_replica(p, i, log_dir) for i in range(p.replicas)])
                       for p in config.pools]
         self.router = Router(config, self.pools, on_decision=self._on_decision)
         self.metrics = FleetMetrics()
@@ -95,10 +95,13 @@ class FleetRuntime:
         self.router.client = self.client
         return groups
 
-    def replicas(self) -> list[ReplicaProcess]:
+    def replicas(self) -> list[Replica]:
         return [r for p in self.pools for r in p.replicas]
 
     async def start(self) -> None:
+        if any(p.launcher == "ray" for p in self.config.pools):
+            from tokenmill.ray.launcher import connect
+            connect(self.config.ray_address)
         for r in self.replicas():
             r.start()
         try:
@@ -126,6 +129,10 @@ class FleetRuntime:
                 logger.exception("fleet background task failed")
 
     async def scrape(self) -> None:
+        for p in self.pools:
+            for r in p.replicas:
+                if r.revive():  # its engine died: started again, healthy at its first good scrape
+                    self.metrics.restarts.labels(p.name).inc()
         await asyncio.gather(*(r.scrape(self.client) for r in self.replicas()))
         self.update_gauges()
 
