@@ -1,6 +1,7 @@
 """Helpers for the end-to-end tests: live `python -m tokenmill.server` processes on loopback."""
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import os
 import signal
@@ -121,3 +122,22 @@ class InProcessServer:
     def __exit__(self, *exc) -> None:
         self.server.should_exit = True
         self.thread.join(30)
+
+
+def listen_addresses(pid: int) -> set[str]:
+    """The addresses the process's listening TCP sockets are bound to (from /proc)."""
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        with contextlib.suppress(OSError):
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            if target.startswith("socket:["):
+                inodes.add(target[8:-1])
+    out = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as f:
+            for line in f.readlines()[1:]:
+                fields = line.split()
+                if fields[3] == "0A" and fields[9] in inodes:  # 0A: LISTEN
+                    ip = fields[1].split(":")[0]
+                    out.add(socket.inet_ntoa(bytes.fromhex(ip)[::-1]) if len(ip) == 8 else ip)
+    return out

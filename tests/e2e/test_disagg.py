@@ -14,7 +14,8 @@ import time
 import httpx
 import openai
 import pytest
-from e2e_helpers import HAVE_DEFAULT_MODEL, SLOW_STEP_ENV, TINY_ENGINE_ARGS, InProcessServer, ServerProcess
+from e2e_helpers import (HAVE_DEFAULT_MODEL, SLOW_STEP_ENV, TINY_ENGINE_ARGS, InProcessServer, ServerProcess,
+                         listen_addresses)
 from prometheus_client.parser import text_string_to_metric_families
 
 from tokenmill.disagg.policy import RouterConfig
@@ -170,6 +171,8 @@ def test_nixl_handover_matches_colocated(engines, server):
     assert metric(d2.url, "tokenmill:kv_transfer_recomputes_total") == 0
     wait_no_blocks(p2.url, d2.url)
     assert metric(p2.url, "tokenmill:kv_transfer_sends_total", outcome="acked") == 1
+    for engine in (p2, d2):  # served on loopback: NIXL's UCX listens there only too (serve sets UCX_NET_DEVICES=lo)
+        assert listen_addresses(engine.proc.pid) == {"127.0.0.1"}
 
 
 def test_prefill_killed_then_decode_killed_mid_stream(engines, server):

@@ -13,7 +13,6 @@ dashboard, a 100 MiB object store per node; the cluster is shut down after the m
   is started again by the fleet."""
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import socket
@@ -22,7 +21,7 @@ import time
 import httpx
 import openai
 import pytest
-from e2e_helpers import TINY_ENGINE_ARGS, InProcessServer
+from e2e_helpers import TINY_ENGINE_ARGS, InProcessServer, listen_addresses
 
 ray = pytest.importorskip("ray")  # the test extra installs it: this skip is for bare installs only
 
@@ -76,25 +75,6 @@ def metric(url: str, name: str) -> float:
     text = httpx.get(url + "/metrics", timeout=5).text
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
                if line.startswith(name) and not line.startswith("#"))
-
-
-def listen_addresses(pid: int) -> set[str]:
-    """The addresses the process's listening TCP sockets are bound to (from /proc)."""
-    inodes = set()
-    for fd in os.listdir(f"/proc/{pid}/fd"):
-        with contextlib.suppress(OSError):
-            target = os.readlink(f"/proc/{pid}/fd/{fd}")
-            if target.startswith("socket:["):
-                inodes.add(target[8:-1])
-    out = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        with open(table) as f:
-            for line in f.readlines()[1:]:
-                fields = line.split()
-                if fields[3] == "0A" and fields[9] in inodes:  # 0A: LISTEN
-                    ip = fields[1].split(":")[0]
-                    out.add(socket.inet_ntoa(bytes.fromhex(ip)[::-1]) if len(ip) == 8 else ip)
-    return out
 
 
 def kill_engine_and_wait_restart(engine, timeout: float = 120.0) -> dict:

@@ -16,6 +16,7 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 import sys
 import threading
@@ -79,6 +80,10 @@ def run_server(args: argparse.Namespace) -> int:
     if args.host not in _LOOPBACK and not args.api_key:
         logger.warning("binding to %s without --api-key: anyone who can reach this address can use the server",
                        args.host)
+    if args.host in _LOOPBACK and "UCX_NET_DEVICES" not in os.environ:
+        # a server on loopback keeps its KV transfers there too: NIXL's UCX otherwise listens on every
+        # interface (set UCX_NET_DEVICES to choose others)
+        os.environ["UCX_NET_DEVICES"] = "lo"
     app = build_app(lambda: LLMEngine(config), served_model_names=args.served_model_name, api_key=args.api_key,
                     max_waiting_requests=args.max_waiting_requests, price_per_hour=args.price_per_hour,
                     max_request_body_bytes=args.max_request_body_bytes, chat_template=chat_template,
