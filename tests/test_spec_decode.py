@@ -210,3 +210,36 @@ def test_random_acceptance_keeps_block_accounting_exact(seed, num_blocks, block_
                     assert (i + 1) * block_size <= req.num_computed_tokens <= req.num_tokens
     assert not core.has_unfinished_requests()
     assert kv.pool.num_free_blocks == num_blocks and not kv.req_blocks
+
+
+def test_a_draft_model_skips_big_batches_and_drafts_only_over_whole_kv(tiny_llama, plain, monkeypatch):
+    """Above disable_by_batch_size nobody drafts, so the draft model does not mirror those steps
+    (its forward is not called); a request that lived through them, or that adopts a cached block
+    computed then, never drafts (its draft KV has holes); a fresh request afterwards drafts over
+    whole KV and, drafting for itself, accepts every draft. Outputs stay token-identical."""
+    monkeypatch.setattr(DraftLength, "_best", lambda self: self.k_max)
+    spec = LLM(str(tiny_llama), dtype="float32", num_kv_blocks=256, block_size=4, max_num_batched_tokens=256,
+               speculative_config={"method": "draft_model", "model": str(tiny_llama), "num_speculative_tokens": 3,
+                                   "disable_by_batch_size": 2})
+    proposer = spec.llm_engine.runner.proposer
+    calls = []
+    forward = proposer.model.forward
+    proposer.model.forward = lambda *a, **k: calls.append(a[0].shape[0]) or forward(*a, **k)
+    params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+    shared = [7, 8, 9, 10, 11, 12, 13, 14]
+    big = [{"prompt_token_ids": shared + [20 + i, 30 + i, 40 + i]} for i in range(6)]
+    outs = spec.generate(big, [params] * 6, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outs] == [o.outputs[0].token_ids for o in plain.generate(big, [params] * 6,
+                                                                                                     use_tqdm=False)]
+    assert not any(o.metrics.spec_decoding and o.metrics.spec_decoding.num_draft_tokens for o in outs)
+    assert not calls  # six at once, then fewer: every step either skipped or left nobody to draft for
+    alone = [{"prompt_token_ids": shared + [99, 98, 97]}, {"prompt_token_ids": [201, 202, 203, 204, 205, 206, 207]}]
+    for prompt, drafts in zip(alone, (False, True)):  # the first adopts the shared blocks computed above
+        out = spec.generate([prompt], [params], use_tqdm=False)[0]
+        assert out.outputs[0].token_ids == plain.generate([prompt], [params], use_tqdm=False)[0].outputs[0].token_ids
+        stats = out.metrics.spec_decoding
+        drafted = stats.num_draft_tokens if stats else 0
+        assert (drafted > 0) == drafts, (prompt, stats)
+        if drafts:
+            assert stats.num_accepted_tokens == stats.num_draft_tokens
+    assert calls  # mirrored once nobody was above the limit

@@ -28,7 +28,7 @@ class GreedyDrafter:
         """The draft's logits [n, vocab] for a flat batch (writing the draft layers' KV)."""
         raise NotImplementedError
 
-    def observe(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: object) -> None:
+    def observe(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: object, drafting: bool = True) -> None:
         now = time.perf_counter()
         if self._step_start is not None:
             self.length.observe_times(now - self._step_start - self._draft_s, self._draft_step_s)

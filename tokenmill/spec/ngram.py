@@ -16,7 +16,7 @@ class NgramProposer:
         self.min_n = min_n
         self.max_n = max_n
 
-    def observe(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: object) -> None:
+    def observe(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: object, drafting: bool = True) -> None:
         pass  # no model
 
     def propose(self, reqs: list[DraftRequest]) -> list[list[int]]:

@@ -28,8 +28,10 @@ class DraftRequest:
 
 
 class Proposer(Protocol):
-    def observe(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: object) -> None:
-        """The target just ran this flat batch (a draft model mirrors it to keep its own KV)."""
+    def observe(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: object, drafting: bool = True) -> None:
+        """The target just ran this flat batch (a draft model mirrors it to keep its own KV).
+        drafting=False: nobody drafts after this step (the batch is above disable_by_batch_size),
+        so a draft model may skip mirroring it."""
 
     def propose(self, reqs: list[DraftRequest]) -> list[list[int]]:
         """Up to k draft tokens per request, to follow its last token."""

@@ -165,7 +165,7 @@ class ModelRunner:
         meta = self.backend.build_metadata(layout)
         hidden = self.model(input_ids, positions, self.kv_caches, self.backend, meta)
         if self.proposer is not None:
-            self.proposer.observe(input_ids, positions, meta)
+            self.proposer.observe(input_ids, positions, meta, drafting=len(samples) <= self.spec.disable_by_batch_size)
         load = self._take_expert_load()
         prompt_lps = self._prompt_logprobs(hidden, prompt_rows) if prompt_rows else None
         if not samples:
