@@ -145,8 +145,9 @@ class SpeculativeConfig:
       `quantization` is the draft's weight format (as the engine's: None = the file's own, so a
       .gguf draft keeps its quantized blocks while the target runs in float).
 
-    Speculation pauses while more than `disable_by_batch_size` requests decode at once (the step
-    is compute-bound there, and verifying drafts costs more than it saves)."""
+    Speculation pauses while more than `disable_by_batch_size` requests are unfinished (running or
+    waiting: the step is compute-bound there, and verifying drafts costs more than it saves); a
+    draft model then skips mirroring the target's steps too."""
     method: str = "ngram"
     num_speculative_tokens: int = 4
     prompt_lookup_min: int = 2

@@ -119,6 +119,7 @@ class Scheduler:
         budget = self._schedule_running(out, self.config.max_num_batched_tokens)
         if self.num_preemptions == preemptions:  # under memory pressure nobody new is admitted
             self._schedule_waiting(out, budget, self.clock())
+        out.num_unfinished_requests = len(self.running) + len(self.waiting)
         out.kv_connector_metadata = self.connector.build_connector_meta(
             out.num_scheduled_tokens, self.requests, {rid: self.kv.block_ids(rid) for rid in out.num_scheduled_tokens})
         return out

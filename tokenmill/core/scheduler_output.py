@@ -44,6 +44,8 @@ class SchedulerOutput:
     preempted_request_ids: list[str] = field(default_factory=list)
     # the KV connector's loads and saves for this step (tokenmill/disagg/connector.py), or None
     kv_connector_metadata: Any = None
+    # running + waiting after this step's decision: the load speculation's disable_by_batch_size reads
+    num_unfinished_requests: int = 0
 
     @property
     def total_num_scheduled_tokens(self) -> int:

@@ -26,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import os
 import statistics
-import sys
 import time
 from dataclasses import asdict, dataclass, replace
 from datetime import datetime
@@ -35,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from tokenmill.server.launch import SWITCH_INTERVAL_S
 from tokenmill.sim.perf_model import ServingOverhead
 
 ADMIT_LENS = (16, 256, 1024)  # prompt tokens of the admission probes
@@ -200,7 +200,7 @@ def measure_serving(profile: dict[str, Any], server_args: list[str], num_kv_bloc
         "server_args": server_args,
         "load_average_before": list(load_before),
         "load_average_after": list(os.getloadavg()),
-        "switch_interval_s": sys.getswitchinterval(),
+        "server_switch_interval_s": SWITCH_INTERVAL_S,  # what `tokenmill serve` sets (the GIL hand-off)
         "probes": [[p.kind, p.size, round(p.measured_s, 6), round(p.simulated_s, 6)] for p in probes],
         "fit_abs_rel_err": [round(abs(p.residual_s) / p.measured_s, 4) for p in with_terms],
     }

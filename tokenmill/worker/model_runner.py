@@ -164,8 +164,9 @@ class ModelRunner:
         input_ids, positions, layout, sample_idx, samples, prompt_rows = self._layout(out)
         meta = self.backend.build_metadata(layout)
         hidden = self.model(input_ids, positions, self.kv_caches, self.backend, meta)
+        drafting = self.spec is not None and out.num_unfinished_requests <= self.spec.disable_by_batch_size
         if self.proposer is not None:
-            self.proposer.observe(input_ids, positions, meta, drafting=len(samples) <= self.spec.disable_by_batch_size)
+            self.proposer.observe(input_ids, positions, meta, drafting=drafting)
         load = self._take_expert_load()
         prompt_lps = self._prompt_logprobs(hidden, prompt_rows) if prompt_rows else None
         if not samples:
@@ -179,7 +180,7 @@ class ModelRunner:
                 req.append(token)
         return ModelRunnerOutput([r.request_id for r in reqs], tokens,
                                  logprobs if any(lp is not None for lp in logprobs) else None,
-                                 self._propose(samples, tokens) if self.proposer is not None else None, load,
+                                 self._propose(samples, tokens, drafting) if self.proposer is not None else None, load,
                                  prompt_lps)
 
     def _take_expert_load(self) -> dict[int, list[int]] | None:
@@ -225,11 +226,12 @@ class ModelRunner:
                 tokens[i], logprobs[i] = toks, lp
         return tokens, logprobs
 
-    def _propose(self, samples: list[tuple[RunnerRequest, list[int]]], tokens: list[list[int]]) -> list[list[int]]:
-        """Drafts for each request's next step; none while the batch is large enough that a step is
-        compute-bound. A request's draft length follows its last acceptance (one more than it
-        accepted, at most num_speculative_tokens)."""
-        if len(samples) > self.spec.disable_by_batch_size:
+    def _propose(self, samples: list[tuple[RunnerRequest, list[int]]], tokens: list[list[int]],
+                 drafting: bool) -> list[list[int]]:
+        """Drafts for each request's next step; none while more than disable_by_batch_size requests
+        are unfinished (running or waiting: a step is then compute-bound). A request's draft length
+        follows its last acceptance (one more than it accepted, at most num_speculative_tokens)."""
+        if not drafting:
             return [[] for _ in samples]
         k_max = self.spec.num_speculative_tokens
         reqs = []
