@@ -44,6 +44,7 @@ import httpx
 import yaml
 
 from tokenmill.bench.script import run_script, write_record
+from tokenmill.disagg.launchers import wait_healthy
 from tokenmill.fleet.metrics import percentile
 
 INTERACTIVE = {"ttft_ms": 500, "tpot_ms": 50}
@@ -196,7 +197,7 @@ def run_scenario(name: str, pools: list[dict], models: list[str], args: argparse
                              "--port", str(port), "--log-dir", str(work / f"{name}-logs")],
                             stdout=open(work / f"{name}.log", "wb"), stderr=subprocess.STDOUT)
     try:
-        _wait_healthy(url, proc)
+        wait_healthy(url, lambda: None if proc.poll() is None else f"(the fleet) exited with {proc.returncode}", 300.0)
         t = Traffic(args.duration, args.interactive_rate, args.batch_clients, seed=args.seed)
         start = time.monotonic()
         asyncio.run(drive(url, models, t))
@@ -207,18 +208,6 @@ def run_scenario(name: str, pools: list[dict], models: list[str], args: argparse
     return summarize(name, t.results, elapsed, ledger)
 
 
-def _wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 300.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"fleet exited with {proc.returncode}")
-        try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    raise RuntimeError("fleet not healthy")
 
 
 def summarize(name: str, results: list[Result], elapsed: float, ledger: Path) -> dict:

@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from tokenmill.bench.reliability_common import GREEDY, PROMPTS, client
+from tokenmill.bench.reliability_common import GREEDY, PROMPTS, client, split_server_flags
 from tokenmill.bench.reliability_probe import ServerProcess
 
 
@@ -66,9 +66,7 @@ async def measure(url: str, rate: float, window: float, pairs: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    extra = argv[argv.index("--") + 1:] if "--" in argv else []
-    argv = argv[:argv.index("--")] if "--" in argv else argv
+    argv, extra = split_server_flags(list(sys.argv[1:] if argv is None else argv))
     p = argparse.ArgumentParser(prog="python -m tokenmill.bench.refusal_cost", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default=None)

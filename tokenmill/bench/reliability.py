@@ -42,7 +42,7 @@ from pathlib import Path
 
 import httpx
 
-from tokenmill.bench.reliability_common import GREEDY, PROMPTS, Row, client, finish, greedy_text
+from tokenmill.bench.reliability_common import GREEDY, PROMPTS, Row, client, finish, greedy_text, split_server_flags
 from tokenmill.bench.reliability_probe import ServerProcess, histogram_share_within, scrape
 from tokenmill.bench.reliability_soak import soak
 
@@ -289,9 +289,7 @@ def run(test: str, model: str | None, server_flags: list[str], log_dir: Path, **
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    server_flags = argv[argv.index("--") + 1:] if "--" in argv else []
-    argv = argv[:argv.index("--")] if "--" in argv else argv
+    argv, server_flags = split_server_flags(list(sys.argv[1:] if argv is None else argv))
     p = argparse.ArgumentParser(prog="python -m tokenmill.bench.reliability", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("test", choices=sorted(SERVER_DEFAULTS))

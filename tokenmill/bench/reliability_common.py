@@ -33,6 +33,14 @@ class Row:
             self.failures.append(what)
 
 
+def split_server_flags(argv: list[str]) -> tuple[list[str], list[str]]:
+    """`ARGS -- SERVER FLAGS` -> (ARGS, SERVER FLAGS): what follows `--` goes to the server."""
+    if "--" not in argv:
+        return argv, []
+    i = argv.index("--")
+    return argv[:i], argv[i + 1:]
+
+
 def client(url: str, n: int) -> httpx.AsyncClient:
     # no keep-alive: a pooled connection the server closes as idle while the client reuses it is a
     # client-side race (httpx ReadError), not what these runs measure
