@@ -1,7 +1,12 @@
 """Offline W1 side by side: tokenmill (in this process) vs vLLM's CPU backend (in its own virtualenv).
 
-    python benchmarks/compare_vllm.py [--num-requests 200] [--dtype auto] [--peer-venv /opt/vllm-venv] \\
-        [--json results.json]
+    python benchmarks/compare_vllm.py [--num-requests 200] [--dtype auto] [--quantization none] \\
+        [--peer-venv /opt/vllm-venv] [--json results.json]
+
+The default model runs as its GGUF's Q4_1 blocks in tokenmill unless --quantization none; vLLM gets the
+folder converted from that file (float weights). So the bf16-against-bf16 comparison is
+`--quantization none`; a 4-bit comparison on the same weights is an AWQ folder for both
+(`tokenmill quantize --method awq --group-size 64 --out DIR`, then `--model DIR`).
 
 W1 is built by tokenmill.bench.offline.make_w1 (same seed, so the same prompts and output lengths for both
 engines). Both engines get the same token-id prompts, greedy sampling, ignore_eos and max_tokens per request.
@@ -213,9 +218,30 @@ def own_cpu_seconds() -> float:
 
 # ---------------------------------------------------------------- main
 
+def floor_report(engine, wl, dtype: str, best: list[Result]) -> dict:
+    """W1's floor on this machine (tokenmill/bench/floor.py), measured after both engines ran, and
+    how close each engine came to it."""
+    import torch
+
+    from tokenmill.bench.floor import workload_floor
+    from tokenmill.bench.roofline import matmul_peak, read_bandwidth
+    peak = matmul_peak(torch.bfloat16 if dtype == "bfloat16" else torch.float32)
+    floor = workload_floor(engine.config.model.arch, wl, engine.runner.kv_bytes_per_token, peak, read_bandwidth())
+    out = {**floor.summary(), "matmul_peak_gflops": peak,
+           "of_floor": {r.name: r.output_tokens_per_s / floor.output_tok_s for r in best}}
+    print(f"floor: {floor.output_tok_s:.0f} out tok/s ({floor.seconds:.1f} s: linear {floor.linear_s:.1f}, prefill "
+          f"attention {floor.prefill_attention_s:.1f}, decode KV reads {floor.decode_kv_s:.1f}; matmul peak "
+          f"{peak:.0f} GFLOP/s); " + ", ".join(f"{k} {v:.0%} of it" for k, v in out["of_floor"].items()))
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default=None, help="HF folder (default: tokenmill's default model folder)")
+    p.add_argument("--quantization", default=None,
+                   help="tokenmill's weight format (default: the model's own: gguf keeps the default model's Q4_1 "
+                        "blocks; none = float weights in --dtype, what vLLM runs from the same folder; an awq folder "
+                        "is read as awq by both engines)")
     p.add_argument("--num-requests", type=int, default=200)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
@@ -240,18 +266,20 @@ def main(argv: list[str] | None = None) -> int:
 
     from tokenmill import LLM
     t0 = time.perf_counter()
-    llm = LLM(args.model, dtype=args.dtype, max_num_seqs=args.max_num_seqs,
+    llm = LLM(args.model, dtype=args.dtype, quantization=args.quantization, max_num_seqs=args.max_num_seqs,
               max_num_batched_tokens=args.max_num_batched_tokens, num_threads=args.threads)
     ours_start_s = time.perf_counter() - t0
     engine = llm.llm_engine
     dtype = engine.config.model.dtype
     wl = make_w1(args.num_requests, engine.vocab_size, args.seed)
     print(f"W1: {args.num_requests} requests, {sum(map(len, wl.prompts))} prompt tokens, "
-          f"{sum(wl.output_lens)} output tokens; dtype {dtype}; tokenmill engine start {ours_start_s:.1f} s",
+          f"{sum(wl.output_lens)} output tokens; dtype {dtype}; tokenmill weights "
+          f"{engine.config.model.quantization}; tokenmill engine start {ours_start_s:.1f} s",
           flush=True)
 
     report: dict = {"machine": machine(), "cpu_flags_avx512": [f for f in isa_flags() if f.startswith(("avx512", "amx"))], "date": time.strftime("%Y-%m-%d %H:%M %Z"),
                     "argv": sys.argv, "dtype": dtype, "model": engine.config.model.path,
+                    "tokenmill_weights": engine.config.model.quantization,
                     "num_requests": args.num_requests, "seed": args.seed,
                     "prompt_tokens": sum(map(len, wl.prompts)), "output_tokens": sum(wl.output_lens),
                     "tokenmill": {"engine_start_s": ours_start_s, "max_num_seqs": args.max_num_seqs,
@@ -327,6 +355,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nmachine: {machine()}; date: {report['date']}; dtype {dtype}; best of {args.rounds} each")
     print_table(best)
     report["best"] = {r.name: r.summary() for r in best}
+    report["floor"] = floor_report(engine, wl, dtype, best)
     if peer_runs:
         report["ratio_output_tokens_per_s_ours_over_peer"] = best[0].output_tokens_per_s / best[1].output_tokens_per_s
         if ours_ids and peer_ids:

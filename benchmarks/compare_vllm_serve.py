@@ -5,7 +5,8 @@ the other in one run; then `tokenmill bench compare` per workload.
     python benchmarks/compare_vllm_serve.py --peer-venv /opt/vllm-venv [--dtype auto] \\
         [--workloads chat,long-short-mix] [--sweep 1,2,4] [--num-requests 60] [--out out/serve-vs-vllm]
 
-Both servers get the default model's HF folder, the same dtype (auto: bfloat16 on AVX-512 bf16 CPUs,
+Both servers get the default model's HF folder (tokenmill with `--quantization none`, so both run the
+same float weights; `--model` an AWQ folder for 4-bit in both), the same dtype (auto: bfloat16 on AVX-512 bf16 CPUs,
 as each engine decides; vLLM is given the dtype tokenmill resolved, so both compute in the same one),
 max_model_len 2048, and both cores (vLLM: tcmalloc and libiomp5 preloaded, OpenMP threads bound to
 this process's cores, 4 GiB KV cache, as its CPU docs advise; the flags are recorded in
@@ -79,6 +80,10 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--peer-venv", required=True)
     p.add_argument("--dtype", default="auto")
+    p.add_argument("--model", default=None, help="HF folder for both servers (default: the default model's folder; "
+                   "an AWQ folder from `tokenmill quantize --method awq --group-size 64` runs 4-bit in both)")
+    p.add_argument("--quantization", default=None, help="tokenmill's weight format (default: none for the default "
+                   "model, float weights as vLLM reads that folder; else the folder's own)")
     p.add_argument("--workloads", default="chat,long-short-mix")
     p.add_argument("--sweep", default="1,2,4")
     p.add_argument("--num-requests", type=int, default=60)
@@ -89,7 +94,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from tokenmill.engine.resolve import resolve_dtype
     from tokenmill.models.default_model import resolve_default_model
-    folder = str(resolve_default_model())
+    folder = args.model or str(resolve_default_model())
+    quantization = args.quantization or (None if args.model else "none")
     dtype = resolve_dtype(args.dtype)
     try:
         vllm_py = peer_python(args.peer_venv)
@@ -98,12 +104,14 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
     ours_cmd = [sys.executable, "-m", "tokenmill.cli", "serve", "--model", folder, "--port", "8011", "--dtype", dtype,
-                "--max-model-len", str(args.max_model_len), "--disable-log-stats"]
+                "--max-model-len", str(args.max_model_len), "--disable-log-stats",
+                *(["--quantization", quantization] if quantization else [])]
     peer_cmd = [str(vllm_py), "-m", "vllm.entrypoints.openai.api_server", "--model", folder, "--port", "8012",
                 "--dtype", dtype, "--max-model-len", str(args.max_model_len), "--seed", "0",
                 "--disable-log-stats"]
     env_peer = peer_env(args.peer_venv, kvcache_gib=4, preload=True)
-    record = {"date": time.strftime("%Y-%m-%d %H:%M"), "dtype": dtype, "argv": sys.argv,
+    record = {"date": time.strftime("%Y-%m-%d %H:%M"), "dtype": dtype, "argv": sys.argv, "model": folder,
+              "tokenmill_quantization": quantization,
               "vllm_env": {k: env_peer[k] for k in ("LD_PRELOAD", "VLLM_CPU_OMP_THREADS_BIND",
                                                     "VLLM_CPU_KVCACHE_SPACE") if k in env_peer}}
     record["tokenmill"] = serve_and_bench("tokenmill", ours_cmd, dict(os.environ), 8011, args, folder,

@@ -9,8 +9,10 @@ Measures in one run, with the engine's thread count:
   overhead  at batch 64 decode: share of step time outside the model forward (scheduling, batch
             preparation, sampling, detokenization)
   cold      process start to the first token of the first request (a fresh subprocess)
+  w1 floor  the W1-100 workload at the matmul peak and the read bandwidth (tokenmill/bench/floor.py):
+            the output tok/s no engine can beat on this machine with these weights' FLOPs
 
-    python -m tokenmill.bench.roofline [--dtype auto] [--skip-cold-start]
+    python -m tokenmill.bench.roofline [--dtype auto] [--quantization none] [--skip-cold-start]
 """
 from __future__ import annotations
 
@@ -64,6 +66,12 @@ def copy_bandwidth(nbytes: int = 1 << 29) -> float:
     src = torch.ones(nbytes // 4)
     dst = torch.empty_like(src)
     return 2 * nbytes / best_of(lambda: dst.copy_(src)) / 1e9  # read + write
+
+
+def read_bandwidth(nbytes: int = 1 << 29) -> float:
+    """Memory read rate (a sum over a buffer far larger than the caches)."""
+    src = torch.ones(nbytes // 4)
+    return nbytes / best_of(src.sum) / 1e9
 
 
 def model_flops_per_token(cfg, context: float) -> float:
@@ -157,16 +165,24 @@ def cold_start(dtype: str) -> float:
 def run(args: argparse.Namespace) -> int:
     from tokenmill import LLM
     from tokenmill.bench.offline import machine
-    llm = LLM(dtype=args.dtype, max_num_batched_tokens=1024, enable_prefix_caching=False)
+    llm = LLM(dtype=args.dtype, quantization=args.quantization, max_num_batched_tokens=1024,
+              enable_prefix_caching=False)
     engine = llm.llm_engine
     dtype = engine.runner.dtype
     from tokenmill.kernels import cpu_ops
     res: dict = {"machine": machine(), "date": time.strftime("%Y-%m-%d %H:%M"), "dtype": str(dtype),
                  "threads": torch.get_num_threads(), "isa": cpu_ops.isa(),
+                 "weights": engine.config.model.quantization,
                  "linear": type(engine.runner.model.lm_head.quant_method).__name__}
     res["matmul_peak_gflops"] = matmul_peak(dtype)
     res["panel_gemm_peak_gflops"] = panel_gemm_peak(dtype)
     res["copy_gbps"] = copy_bandwidth()
+    res["read_gbps"] = read_bandwidth()
+    from tokenmill.bench.floor import workload_floor
+    from tokenmill.bench.offline import make_w1
+    res["w1_100_floor"] = workload_floor(engine.config.model.arch, make_w1(100, engine.vocab_size, 0),
+                                         engine.runner.kv_bytes_per_token, res["matmul_peak_gflops"],
+                                         res["read_gbps"]).summary()
     pre = measure_prefill(llm)
     res["prefill"] = {**pre, "mfu": pre["gflops"] / res["matmul_peak_gflops"],
                       "of_panel_peak": pre["gflops"] / res["panel_gemm_peak_gflops"]
@@ -189,6 +205,8 @@ def run(args: argparse.Namespace) -> int:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default="auto")
+    p.add_argument("--quantization", default=None, help="weight format (default: the model's own, gguf for the "
+                   "default model; none = float weights in --dtype: the MFU against the bf16 matmul peak)")
     p.add_argument("--skip-cold-start", action="store_true")
     p.add_argument("--json", default=None)
 
