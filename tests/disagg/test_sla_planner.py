@@ -24,7 +24,8 @@ def load(remote_rps: float = 0.0, local_rps: float = 0.0, remote_isl: int = 1000
          osl: int = 50, interval_s: float = 10.0, ttft_s: float | None = None, itl_s: float | None = None,
          batch: float = 1.0) -> IntervalLoad:
     nr, nl = round(remote_rps * interval_s), round(local_rps * interval_s)
-    return IntervalLoad(interval_s, nr + nl, nr, nr * remote_isl, nl * local_isl, (nr + nl) * osl, ttft_s, itl_s,
+    ttfts = ((remote_isl, ttft_s),) * nr if ttft_s is not None else ()
+    return IntervalLoad(interval_s, nr + nl, nr, nr * remote_isl, nl * local_isl, (nr + nl) * osl, ttfts, itl_s,
                         batch)
 
 
@@ -65,6 +66,15 @@ def test_corrections_follow_measured_over_expected():
     slow = demand(predict(None, pred_load, 0.5), c, PROFILE, CFG)
     fast = demand(predict(None, pred_load, 0.5), Corrections(), PROFILE, CFG)
     assert slow.prefill == pytest.approx(2 * fast.prefill) and slow.decode > fast.decode
+
+
+def test_ttft_correction_weighs_each_request_by_its_own_isl():
+    """A long prompt and a short one: expected 1 s + 0.1 s; measured 2.2 s in all: x2 (the mean
+    ISL's TTFT, 0.55 s, would have said x2 too here, but not with a short prompt alone)."""
+    lo = IntervalLoad(10.0, 2, 1, 1000, 100, 0, ((1000, 2.0), (100, 0.2)))
+    assert correct(Corrections(), lo, PROFILE, CFG).prefill == pytest.approx(2.0, rel=1e-3)
+    only_short = IntervalLoad(10.0, 2, 1, 1000, 100, 0, ((100, 0.1),))  # the long one's first token comes later
+    assert correct(Corrections(), only_short, PROFILE, CFG).prefill == pytest.approx(1.0, rel=1e-3)
 
 
 def test_target_split():
@@ -152,7 +162,7 @@ def test_router_runs_the_profile_planner_and_exports_it():
     router.enable_planner(SLAPlannerConfig(patience=1, cooldown=0, itl_target_s=0.05), PROFILE)
     for _ in range(20):  # short prompts only: nothing a prefill engine could take
         router.window.record_request(100, remote=False)
-    router.window.record_ttft(0.2)  # expected TTFT at ISL 100: 0.1 s
+    router.window.record_ttft(100, 0.2)  # expected TTFT at ISL 100: 0.1 s
     router.decodes[0].generation_tokens = 500.0
     d = router.plan()
     assert d.move == -1 and router.prefills == [] and [i.url for i in router.decodes] == ["http://d0", "http://p0"]

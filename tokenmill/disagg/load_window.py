@@ -18,8 +18,7 @@ class LoadWindow:
     num_remote: int = 0
     remote_tokens: int = 0
     local_tokens: int = 0
-    ttft_sum_s: float = 0.0
-    ttft_count: int = 0
+    ttft: list[tuple[int, float]] = field(default_factory=list)  # (prompt tokens, seconds)
     _counters: dict[str, tuple[float, float, float]] = field(default_factory=dict)  # url -> at the last close
 
     def record_request(self, prompt_tokens: int, remote: bool) -> None:
@@ -31,9 +30,8 @@ class LoadWindow:
         else:
             self.local_tokens += prompt_tokens
 
-    def record_ttft(self, seconds: float) -> None:
-        self.ttft_sum_s += seconds
-        self.ttft_count += 1
+    def record_ttft(self, prompt_tokens: int, seconds: float) -> None:
+        self.ttft.append((prompt_tokens, seconds))
 
     def close(self, instances: Sequence[InstanceState], decodes: Sequence[InstanceState],
               now: float | None = None) -> IntervalLoad:
@@ -51,10 +49,10 @@ class LoadWindow:
         load = IntervalLoad(
             interval_s=max(now - self.started, 1e-3), num_requests=self.num_requests, num_remote_requests=self.num_remote,
             remote_prompt_tokens=self.remote_tokens, local_prompt_tokens=self.local_tokens, output_tokens=gen,
-            ttft_s=self.ttft_sum_s / self.ttft_count if self.ttft_count else None,
+            ttft_samples=tuple(self.ttft),
             itl_s=itl_sum / itl_n if itl_n else None,
             decode_batch=max(1.0, sum(d.num_running for d in live) / len(live)) if live else 1.0)
         self.started = now
-        self.num_requests = self.num_remote = self.remote_tokens = self.local_tokens = self.ttft_count = 0
-        self.ttft_sum_s = 0.0
+        self.num_requests = self.num_remote = self.remote_tokens = self.local_tokens = 0
+        self.ttft = []
         return load

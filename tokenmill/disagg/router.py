@@ -141,7 +141,7 @@ class Router:
             if transfer:
                 out["kv_transfer_params"] = transfer
             try:
-                return await self._decode(dec, path, out, t0)
+                return await self._decode(dec, path, out, (t0, len(tokens or [])))
             except httpx.TransportError as e:  # not reached, or closed before answering: try the next one
                 logger.warning("decode instance %s failed before answering (%r): trying another", dec.url, e)
                 self.monitor.mark_down(dec)
@@ -186,7 +186,8 @@ class Router:
             self.failovers.inc()
         return params
 
-    async def _decode(self, inst: InstanceState, path: str, body: dict, t0: float) -> Response:
+    async def _decode(self, inst: InstanceState, path: str, body: dict, since: tuple[float, int]) -> Response:
+        """`since`: when the request arrived and its prompt tokens (a stream's TTFT, for the planner)."""
         url = f"{inst.url}{path}"
         if not body.get("stream"):
             inst.in_flight += 1
@@ -206,15 +207,16 @@ class Router:
         except BaseException:
             inst.in_flight -= 1
             raise
-        return StreamingResponse(self._relay(inst, upstream, t0), status_code=upstream.status_code,
+        return StreamingResponse(self._relay(inst, upstream, since), status_code=upstream.status_code,
                                  media_type=upstream.headers.get("content-type", "text/event-stream"))
 
-    async def _relay(self, inst: InstanceState, upstream: httpx.Response, t0: float) -> AsyncIterator[bytes]:
+    async def _relay(self, inst: InstanceState, upstream: httpx.Response,
+                     since: tuple[float, int]) -> AsyncIterator[bytes]:
         first = upstream.status_code == 200
         try:
             async for chunk in upstream.aiter_raw():
                 if first and (b'"role"' not in chunk or chunk.count(b"data:") > 1):  # past chat's role-only
-                    self.window.record_ttft(time.monotonic() - t0)  # chunk: the first token, the client's TTFT
+                    self.window.record_ttft(since[1], time.monotonic() - since[0])  # chunk: the first token
                     first = False
                 yield chunk
         except httpx.HTTPError as e:

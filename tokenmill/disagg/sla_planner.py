@@ -4,12 +4,12 @@ the prefill and decode pools. Each interval:
 
 1. **Observe** (`IntervalLoad`, built by the router): requests that arrived, their prompt tokens
    split into those long enough to hand over (uncached suffix >= the router's threshold) and the
-   rest, tokens generated (engines' counters), the mean TTFT the router saw, the engines' mean ITL
+   rest, tokens generated (engines' counters), the TTFTs the router saw, the engines' mean ITL
    and the mean batch on the decode instances.
 2. **Predict** the next interval's load (`predict`): an exponential moving average of the token
    rates and mean lengths.
-3. **Correct** (`correct`): measured / expected latency, expected from the profile (TTFT at the
-   interval's mean ISL; ITL at its mean batch and context), clamped; a prefill engine that is slower
+3. **Correct** (`correct`): measured / expected latency, expected from the profile (the TTFTs
+   against each request's own ISL; ITL at the mean batch and context), clamped; a prefill engine that is slower
    than profiled (or queueing) has proportionally less capacity, a decode engine's ITL target is
    tightened by its factor (as Dynamo does).
 4. **Size** (`demand`), closed form, in engines: prefill = handed-over prompt tokens/s / one
@@ -76,7 +76,7 @@ class IntervalLoad:
     remote_prompt_tokens: int = 0
     local_prompt_tokens: int = 0
     output_tokens: float = 0.0
-    ttft_s: float | None = None  # mean, None: no sample
+    ttft_samples: tuple[tuple[int, float], ...] = ()  # (prompt tokens, TTFT s) of the streams that began
     itl_s: float | None = None
     decode_batch: float = 1.0  # mean requests running per decode instance
 
@@ -144,8 +144,9 @@ def correct(prev: Corrections, load: IntervalLoad, profile: RoleProfile, cfg: SL
     p, d = prev.prefill, prev.decode
     n = load.num_requests
     isl = (load.remote_prompt_tokens + load.local_prompt_tokens) / n if n else 0.0
-    if load.ttft_s is not None and isl > 0:
-        p = clamp(load.ttft_s / profile.prefill.ttft(isl))
+    if load.ttft_samples:
+        expected = sum(profile.prefill.ttft(n) for n, _ in load.ttft_samples)
+        p = clamp(sum(t for _, t in load.ttft_samples) / expected)
     if load.itl_s is not None:
         osl = load.output_tokens / n if n else 0.0
         d = clamp(load.itl_s / profile.decode.itl(load.decode_batch, isl + osl / 2))
