@@ -19,10 +19,11 @@ the prefill and decode pools. Each interval:
 5. **Split** (`target_prefill`): with `min_prefill` 0, a prefill demand under `colocate_below`
    engines empties the prefill pool (every engine serves whole requests: a dedicated prefill engine
    would mostly idle and short prompts gain nothing from a hand-over); it comes back over
-   `colocate_above`. Otherwise, if ceil(prefill) + ceil(decode) engines fit in N, keep the current
-   split when it still fits (a `margin` of slack: a Schmitt trigger against noise), else move to the
-   nearest split that fits; when they do not fit (overload), split N in proportion to the demands,
-   moving only when the ideal is more than half an engine plus `margin` away.
+   `colocate_above`. Otherwise, if ceil(prefill) + ceil(decode) engines fit in N, move to the
+   nearest split that fits (the current one counts as fitting with a `margin` of slack: a Schmitt
+   trigger against noise), and within the splits that fit give the spare engines in proportion to
+   the demands; when they do not fit (overload), split N in proportion to the demands. A
+   proportional target moves only when it is more than half an engine plus `margin` away.
 6. **Hysteresis** (`ProfilePlanner.step`): one engine per decision, only after `patience`
    consecutive intervals asking for the same direction, never within `cooldown` intervals of the
    last move; an idle interval asks for nothing.
@@ -177,14 +178,24 @@ def target_prefill(current: int, n: int, dem: Demand, cfg: SLAPlannerConfig) -> 
     lo, hi = max(1, cfg.min_prefill), n - 1
     if hi < lo:
         return current, f"{n} engines cannot hold {lo} prefill and 1 decode"
-    if current >= 1 and dem.prefill <= current + cfg.margin and dem.decode <= n - current + cfg.margin:
-        return min(max(current, lo), hi), f"{current}P+{n - current}D still fits"
+    fits_now = current >= lo and dem.prefill <= current + cfg.margin and dem.decode <= n - current + cfg.margin
     need_p, need_d = max(math.ceil(dem.prefill), 1), max(math.ceil(dem.decode), 1)
-    if need_p + need_d <= n:
-        return min(max(current, need_p, lo), n - need_d, hi), f"needs {need_p}P+{need_d}D of {n}"
-    ideal = n * dem.prefill / (dem.prefill + dem.decode)
-    target = current if current >= lo and abs(ideal - current) <= 0.5 + cfg.margin else round(ideal)
-    return min(max(target, lo), hi), f"needs {need_p}P+{need_d}D > {n} engines: proportional split {ideal:.2f}P"
+    total = dem.prefill + dem.decode
+    ideal = n * dem.prefill / total if total > 0 else float(current)
+    if need_p + need_d > n:
+        if fits_now:
+            return current, f"{current}P+{n - current}D still fits"
+        target = current if current >= lo and abs(ideal - current) <= 0.5 + cfg.margin else round(ideal)
+        return min(max(target, lo), hi), f"needs {need_p}P+{need_d}D > {n} engines: proportional split {ideal:.2f}P"
+    rlo, rhi = max(lo, need_p), min(hi, n - need_d)  # the splits that fit
+    if fits_now:
+        rlo, rhi = min(rlo, current), max(rhi, current)
+    target = min(max(current, rlo), rhi)
+    why = f"needs {need_p}P+{need_d}D of {n}"
+    if abs(ideal - target) > 0.5 + cfg.margin:  # spare engines follow the demands, past a dead band
+        target = min(max(round(ideal), rlo), rhi)
+        why += f", spare engines by demand {ideal:.2f}P"
+    return target, why
 
 
 @dataclass
