@@ -2,7 +2,7 @@
 `tokenmill cluster`, on simulated replicas of the shipped CPU profile. A planted load shift (short
 prompts with long outputs, then long prompts with short outputs, then back) moves the split towards
 prefill and back; every request completes with all its tokens; hand-offs still finish on a replica
-moved out of the prefill pool."""
+moved out of the prefill pool (every long prompt is handed over)."""
 from __future__ import annotations
 
 import random

@@ -138,9 +138,17 @@ def role_profile_from_sim(profile: dict[str, Any], kv_tokens: float | None = Non
                           source: str = "") -> RoleProfile:
     """Both curves from a `tokenmill sim profile` record (its fitted step-time model)."""
     from tokenmill.sim.hardware import profile_perf_model
+    kv = kv_tokens or float(profile["num_kv_blocks"]) * float(profile.get("block_size", 16))
+    return role_profile_from_perf(profile_perf_model(profile), int(profile.get("max_num_batched_tokens", 1024)), kv,
+                                  max_batch, source or f"sim profile of {profile.get('model')} on "
+                                  f"{profile.get('cpu')} ({profile.get('date')})")
+
+
+def role_profile_from_perf(perf: Any, chunk: int, kv_tokens: float, max_batch: float = 256,
+                           source: str = "") -> RoleProfile:
+    """Both curves from a simulator `PerfModel` (measured here, or a datasheet's): prefill in
+    `chunk`-token steps plus the serving path's admission time; one decode step per ITL."""
     from tokenmill.sim.perf_model import BatchShape
-    perf = profile_perf_model(profile)
-    chunk = int(profile.get("max_num_batched_tokens", 1024))
 
     def ttft(isl: int) -> float:
         t = perf.serving.admission_s(isl) if perf.serving is not None else 0.0
@@ -154,11 +162,10 @@ def role_profile_from_sim(profile: dict[str, Any], kv_tokens: float | None = Non
         return perf.step_time(BatchShape(num_decode_tokens=b, num_seqs=b, attention_pairs=b * (c + 1),
                                          kv_tokens_read=b * (c + 1), num_output_seqs=b))
 
-    kv = kv_tokens or float(profile["num_kv_blocks"]) * float(profile.get("block_size", 16))
     return RoleProfile(PrefillCurve(ISL_GRID, tuple(ttft(i) for i in ISL_GRID)),
                        DecodeCurve(CONTEXT_GRID, BATCH_GRID, tuple(tuple(itl(b, c) for b in BATCH_GRID)
-                                                                    for c in CONTEXT_GRID), kv, max_batch),
-                       source or f"sim profile of {profile.get('model')} on {profile.get('cpu')} ({profile.get('date')})")
+                                                                    for c in CONTEXT_GRID), kv_tokens, max_batch),
+                       source)
 
 
 def load_role_profile(path: Path | str | None = None, kv_tokens: float | None = None) -> RoleProfile:
