@@ -95,7 +95,9 @@ def test_planner_moves_an_engine_while_serving(cluster, server):
     reference = {i: "".join(complete(server.url, p)[0]) for i, p in enumerate(PROMPTS)}
     with ThreadPoolExecutor(len(PROMPTS)) as pool:  # all at once: routed at 1P+1D, before any planner interval
         first = list(pool.map(lambda p: complete(url, p), PROMPTS))
-    moves = httpx.get(url + "/router/planner").json()["moves"]
+    planner = httpx.get(url + "/router/planner").json()
+    moves = planner["moves"]
+    assert planner["pools"] == {"prefill": [], "decode": [engines[1], engines[0]]} and planner["last"]
     assert moves and moves[0]["to"] == "decode" and moves[0]["instance"] == engines[0], moves
     assert "colocate" in moves[0]["reason"] and set(moves[0]["queues"]) == {"prefill", "decode"}
     t_move = moves[0]["time"]

@@ -77,7 +77,8 @@ class Router:
                               "predicted load needs).", ["role"], registry=self.registry)
         self.correction = Gauge("tokenmill:planner_correction", "Profile planner: measured / profiled latency "
                                 "(prefill: TTFT, decode: ITL) at its last decision.", ["role"], registry=self.registry)
-        self.decisions: list[dict] = []  # the planner's moves (bounded), for /router/state
+        self.decisions: list[dict] = []  # the planner's moves (bounded), for /router/planner
+        self.last_decision: str | None = None  # the latest decision's reason, moved or not
 
     def enable_planner(self, cfg: PlannerConfig | SLAPlannerConfig, profile: RoleProfile | None = None) -> None:
         """`PlannerConfig`: the queue-pressure planner; `SLAPlannerConfig` + `profile`: the profile-driven one."""
@@ -94,6 +95,7 @@ class Router:
             return None
         load = self.window.close(self.prefills + self.decodes, self.decodes)
         d = self.planner.step(self.prefills, self.decodes, load)
+        self.last_decision = d.reason
         self.pressure.labels("prefill").set(d.prefill_pressure)
         self.pressure.labels("decode").set(d.decode_pressure)
         if isinstance(self.planner, ProfilePlanner):
@@ -300,7 +302,8 @@ def build_router_app(router: Router) -> FastAPI:
 
     @app.get("/router/planner")
     async def planner_log():
-        return {"enabled": router.planner is not None, "moves": router.decisions}
+        return {"enabled": router.planner is not None, "moves": router.decisions, "last": router.last_decision,
+                "pools": {"prefill": [i.url for i in router.prefills], "decode": [i.url for i in router.decodes]}}
 
     @app.get("/metrics")
     async def metrics():
