@@ -63,9 +63,14 @@ def test_corrections_follow_measured_over_expected():
     assert c.decode == pytest.approx(3.0, rel=1e-3)  # expected ITL at batch 1: 10 ms
     assert correct(c, load(remote_rps=1.0), PROFILE, CFG) == c  # no samples: keep the factors
     assert correct(Corrections(), load(remote_rps=1.0, ttft_s=100.0), PROFILE, CFG).prefill == CFG.max_correction
-    slow = demand(predict(None, pred_load, 0.5), c, PROFILE, CFG)
-    fast = demand(predict(None, pred_load, 0.5), Corrections(), PROFILE, CFG)
-    assert slow.prefill == pytest.approx(2 * fast.prefill) and slow.decode > fast.decode
+    pred = predict(None, pred_load, 0.5)
+    slow, plain = demand(pred, c, PROFILE, CFG), demand(pred, Corrections(), PROFILE, CFG)
+    assert slow.decode > plain.decode  # a 3x slower ITL: a tighter target, less per engine
+    assert slow.prefill == pytest.approx(plain.prefill)  # TTFT over the profile (queueing): not counted twice
+    quick = demand(pred, Corrections(prefill=0.5), PROFILE, CFG)  # faster than profiled (prefix hits)
+    assert quick.prefill == pytest.approx(plain.prefill / 2)
+    uncapped = SLAPlannerConfig(ttft_target_s=1e9, itl_target_s=0.05, max_prefill_correction=4.0)
+    assert demand(pred, c, PROFILE, uncapped).prefill == pytest.approx(2 * plain.prefill)
 
 
 def test_ttft_correction_weighs_each_request_by_its_own_isl():

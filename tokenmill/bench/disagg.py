@@ -187,6 +187,8 @@ def main(argv: list[str] | None = None) -> int:
                         time.sleep(1.0)  # let held blocks be acked before reading the counters
                         after = {e.url: scrape(e.url) for e in engines} | {"router": scrape(router.url)}
                         rows.append(summarize_row(setup, workload, rate, rep, s, before, after, engines, router))
+                        if setup == "elastic":  # why the planner did (not) move: its latest reason
+                            rows[-1]["planner_last"] = httpx.get(router.url + "/router/planner", timeout=5).json()["last"]
                         print(json.dumps(rows[-1]), flush=True)
         finally:
             router.stop()
@@ -227,12 +229,16 @@ def report(rows: list[dict], args) -> str:
     f = lambda v, p=0: "-" if v is None else f"{v:.{p}f}"  # noqa: E731
     lines = [f"SLO: TTFT <= {args.slo_ttft_ms} ms, TPOT <= {args.slo_tpot_ms} ms; {args.num_requests} requests per "
              f"run; min remote prefill {args.min_remote_prefill_tokens} tokens\n", head]
+    notes = [f"- {r['workload']} rate {r['rate']:g} rep {r['repeat']}: {r['planner_last']}\n" for r in rows
+             if r.get("planner_last")]
     for r in rows:
         lines.append(f"| {r['setup']} | {r['workload']} | {r['rate']:g} | {r['repeat']} | {r['completed']}/{r['failed']} "
                      f"| {f(r['ttft_p50_ms'])} / {f(r['ttft_p99_ms'])} | {f(r['tpot_p50_ms'], 1)} / "
                      f"{f(r['tpot_p99_ms'], 1)} | {f(r['goodput_rps'], 2)} ({f(r['attainment_pct'])}%) | "
                      f"{r['handed_over']:.0f} | {f(r['kv_mib_per_handover'], 1)} / {f(r['kv_ms_per_handover'], 1)} "
                      f"| {r['role_changes']:.0f} ({r['pools_after']}) | {r['blocks_held_after']:.0f} |\n")
+    if notes:
+        lines += ["\nThe elastic planner's latest decision after each run:\n", *notes]
     return "".join(lines)
 
 

@@ -9,9 +9,13 @@ the prefill and decode pools. Each interval:
 2. **Predict** the next interval's load (`predict`): an exponential moving average of the token
    rates and mean lengths.
 3. **Correct** (`correct`): measured / expected latency, expected from the profile (the TTFTs
-   against each request's own ISL; ITL at the mean batch and context), clamped; a prefill engine that is slower
-   than profiled (or queueing) has proportionally less capacity, a decode engine's ITL target is
-   tightened by its factor (as Dynamo does).
+   against each request's own ISL; ITL at the mean batch and context), clamped. A decode engine's
+   ITL target is tightened by its factor (as Dynamo does; the profile's ITL already grows with the
+   batch, so a busy decode pool does not inflate it). A prefill engine's capacity is scaled by the
+   TTFT factor only downwards to 1 (`max_prefill_correction`): a TTFT above the profile's is mostly
+   queueing, which the arrival rate already sizes for, and counting it as missing capacity too made
+   the simulated planner overshoot (3P:1D where 2P:2D was right); faster than profiled (prefix-cache
+   hits) raises the capacity.
 4. **Size** (`demand`), closed form, in engines: prefill = handed-over prompt tokens/s / one
    engine's prefill capacity under the TTFT target at that ISL; decode = output tokens/s / one
    engine's decode capacity under the ITL target at context ISL + OSL/2, plus the short prompts
@@ -50,6 +54,7 @@ class SLAPlannerConfig:
     smoothing: float = 0.5  # weight of the newest interval in the load prediction (EMA)
     min_correction: float = 0.25
     max_correction: float = 4.0
+    max_prefill_correction: float = 1.0  # the TTFT factor applied to prefill capacity at most (see 3.)
     margin: float = 0.25  # slack (engines) before leaving a split that fits, or the proportional one
     patience: int = 3
     cooldown: int = 2
@@ -60,6 +65,7 @@ class SLAPlannerConfig:
                   "colocate_below/colocate_above": 0 <= self.colocate_below <= self.colocate_above,
                   "smoothing": 0 < self.smoothing <= 1,
                   "min_correction/max_correction": 0 < self.min_correction <= 1 <= self.max_correction,
+                  "max_prefill_correction": self.min_correction <= self.max_prefill_correction,
                   "margin": 0 <= self.margin < 0.5, "patience": self.patience >= 1, "cooldown": self.cooldown >= 0}
         bad = [k for k, ok in checks.items() if not ok]
         if bad:
@@ -164,7 +170,7 @@ class Demand:
 
 def demand(pred: Prediction, corr: Corrections, profile: RoleProfile, cfg: SLAPlannerConfig) -> Demand:
     def prefill_cap(isl: float) -> float:
-        return profile.prefill.capacity(isl or 1.0, cfg.ttft_target_s) / corr.prefill
+        return profile.prefill.capacity(isl or 1.0, cfg.ttft_target_s) / min(corr.prefill, cfg.max_prefill_correction)
     cap_p = prefill_cap(pred.remote_isl)
     cap_d = profile.decode.capacity(pred.isl + pred.osl / 2, cfg.itl_target_s / corr.decode)
     local = pred.local_tok_s / prefill_cap(pred.local_isl) if pred.local_tok_s else 0.0
