@@ -58,3 +58,13 @@ def test_curves_check_their_tables():
         PrefillCurve((1.0, 2.0), (0.1,))
     with pytest.raises(ValueError, match="one row per context"):
         DecodeCurve((1.0, 2.0), (1.0, 2.0), ((0.1, 0.2),), kv_tokens=10)
+
+
+def test_planner_modules_are_torch_free():
+    """The planner, its profiles and the simulator's elastic mode import no torch (a fresh process)."""
+    import subprocess
+    import sys
+    code = ("import sys, tokenmill.disagg.sla_planner, tokenmill.disagg.role_profile, tokenmill.disagg.load_window, "
+            "tokenmill.sim.elastic; print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
