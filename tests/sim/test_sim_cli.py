@@ -72,3 +72,17 @@ def test_validation_error_table():
     table = error_table(cases)
     assert "100.0 / 110.0 (+10%)" in table and "100.0 / 70.0 (-30%)" in table and "1.0 -> 1.5" in table
     assert "| TTFT p50 | 20.0% | 30.0% |" in table and "| throughput | 10.0% | 20.0% |" in table
+
+
+def test_sim_elastic_runs_the_cluster_planner(tmp_path, capsys):
+    """`tokenmill sim --elastic`: short prompts only, so the planner empties the prefill pool (colocate)."""
+    common = ["--workload", "random", "--input-len", "64", "--output-len", "32", "--num-requests", "60",
+              "--request-rate", "4", "--disable-tqdm", "--prefill-replicas", "1", "--decode-replicas", "1"]
+    assert main(["sim", *common, "--elastic", "--planner-interval", "1", "--out", str(tmp_path / "e")]) == 0
+    data = json.loads((tmp_path / "e" / "results.json").read_text())
+    assert data["summary"]["completed"] == 60
+    moves = data["meta"]["planner_moves"]
+    assert moves and moves[0]["to"] == "decode" and "colocate" in moves[0]["reason"]
+    assert "planner moves" in capsys.readouterr().out
+    assert main(["sim", "--elastic", "--out", str(tmp_path / "x")]) == 2
+    assert "--elastic needs --prefill-replicas" in capsys.readouterr().err

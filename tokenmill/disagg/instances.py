@@ -13,11 +13,13 @@ from tokenmill.disagg.policy import InstanceState
 logger = logging.getLogger(__name__)
 
 _GAUGES = {"tokenmill:num_requests_running": "num_running", "tokenmill:num_requests_waiting": "num_waiting",
-           "tokenmill:kv_cache_usage_perc": "kv_usage"}
+           "tokenmill:kv_cache_usage_perc": "kv_usage", "tokenmill:generation_tokens_total": "generation_tokens",
+           "tokenmill:inter_token_latency_seconds_sum": "itl_sum_s",
+           "tokenmill:inter_token_latency_seconds_count": "itl_count"}
 
 
 def parse_load(text: str) -> dict[str, float]:
-    """The load gauges of a tokenmill /metrics page (summed over label sets)."""
+    """The load gauges and the planner's counters of a tokenmill /metrics page (summed over label sets)."""
     out: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
@@ -73,6 +75,8 @@ class InstanceMonitor:
         inst.num_running = int(load.get("num_running", 0))
         inst.num_waiting = int(load.get("num_waiting", 0))
         inst.kv_usage = float(load.get("kv_usage", 0.0))
+        inst.generation_tokens = load.get("generation_tokens", 0.0)
+        inst.itl_sum_s, inst.itl_count = load.get("itl_sum_s", 0.0), load.get("itl_count", 0.0)
         self._apply_events(inst, body)
         if not inst.healthy:
             logger.info("instance %s is back", inst.url)

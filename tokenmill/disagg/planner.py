@@ -75,7 +75,8 @@ class Planner:
         self._streak = 0
         self._since_move = cfg.cooldown  # no cooldown at start
 
-    def step(self, prefills: Sequence[InstanceState], decodes: Sequence[InstanceState]) -> Decision:
+    def step(self, prefills: Sequence[InstanceState], decodes: Sequence[InstanceState], load: object = None) -> Decision:
+        """`load` (the interval's `IntervalLoad`) is the profile planner's signal; this one reads the queues."""
         want = wanted_move(prefills, decodes, self.cfg)
         self._since_move += 1
         if want.move == 0 or want.move != self._streak_move:

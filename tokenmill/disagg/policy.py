@@ -31,6 +31,10 @@ class InstanceState:
     kv_usage: float = 0.0
     in_flight: int = 0  # requests this router sent and that have not finished
     cached: set[bytes] = field(default_factory=set)  # block hashes in its prefix cache
+    # counters from /metrics, for the planner's per-interval deltas
+    generation_tokens: float = 0.0
+    itl_sum_s: float = 0.0
+    itl_count: float = 0.0
 
     @property
     def queue(self) -> int:

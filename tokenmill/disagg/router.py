@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -28,8 +29,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from tokenmill.disagg.instances import InstanceMonitor
+from tokenmill.disagg.load_window import LoadWindow
 from tokenmill.disagg.planner import Decision, Planner, PlannerConfig, pick_mover
 from tokenmill.disagg.policy import InstanceState, RouterConfig, plan_route, prompt_block_hashes
+from tokenmill.disagg.role_profile import RoleProfile
+from tokenmill.disagg.sla_planner import ProfilePlanner, SLAPlannerConfig
 
 logger = logging.getLogger("tokenmill.router")
 
@@ -63,33 +67,51 @@ class Router:
                                "(the request went to another).", registry=self.registry)
         self.errors = Counter("tokenmill:router_errors", "Requests that ended in an error from the router.",
                               registry=self.registry)
-        self.planner: Planner | None = None
+        self.planner: Planner | ProfilePlanner | None = None
+        self.window = LoadWindow()  # this planner interval's requests, for the profile planner
         self.role_changes = Counter("tokenmill:planner_role_changes", "Instances the planner moved, by new role.",
                                     ["to"], registry=self.registry)
         self.pool_size = Gauge("tokenmill:planner_instances", "Instances per pool.", ["role"], registry=self.registry)
-        self.pressure = Gauge("tokenmill:planner_pressure", "Mean requests waiting per instance, per pool, at the "
-                              "planner's last decision.", ["role"], registry=self.registry)
-        self.decisions: list[dict] = []  # the planner's moves (bounded), for /router/state
+        self.pressure = Gauge("tokenmill:planner_pressure", "The planner's signal per pool at its last decision "
+                              "(queue planner: mean requests waiting per instance; profile planner: engines the "
+                              "predicted load needs).", ["role"], registry=self.registry)
+        self.correction = Gauge("tokenmill:planner_correction", "Profile planner: measured / profiled latency "
+                                "(prefill: TTFT, decode: ITL) at its last decision.", ["role"], registry=self.registry)
+        self.decisions: list[dict] = []  # the planner's moves (bounded), for /router/planner
+        self.last_decision: str | None = None  # the latest decision's reason, moved or not
 
-    def enable_planner(self, cfg: PlannerConfig) -> None:
-        self.planner = Planner(cfg)
+    def enable_planner(self, cfg: PlannerConfig | SLAPlannerConfig, profile: RoleProfile | None = None) -> None:
+        """`PlannerConfig`: the queue-pressure planner; `SLAPlannerConfig` + `profile`: the profile-driven one."""
+        if isinstance(cfg, SLAPlannerConfig):
+            if profile is None:
+                raise ValueError("the profile planner needs a role profile")
+            self.planner = ProfilePlanner(cfg, profile)
+        else:
+            self.planner = Planner(cfg)
 
     def plan(self) -> Decision | None:
         """One planner interval: decide, move at most one instance, log and export why."""
         if self.planner is None:
             return None
-        d = self.planner.step(self.prefills, self.decodes)
+        load = self.window.close(self.prefills + self.decodes, self.decodes)
+        d = self.planner.step(self.prefills, self.decodes, load)
+        self.last_decision = d.reason
         self.pressure.labels("prefill").set(d.prefill_pressure)
         self.pressure.labels("decode").set(d.decode_pressure)
+        if isinstance(self.planner, ProfilePlanner):
+            self.correction.labels("prefill").set(self.planner.corrections.prefill)
+            self.correction.labels("decode").set(self.planner.corrections.decode)
         if d.move:
             src, dst, role = ((self.decodes, self.prefills, "prefill") if d.move > 0 else
                               (self.prefills, self.decodes, "decode"))
+            queues = {"prefill": [i.queue for i in self.prefills], "decode": [i.queue for i in self.decodes]}
             inst = src.pop(pick_mover(src))
             inst.role = role
             dst.append(inst)
             self.role_changes.labels(role).inc()
-            self.decisions = (self.decisions + [{"instance": inst.url, "to": role, "reason": d.reason}])[-100:]
-            logger.info("planner: %s becomes %s: %s", inst.url, role, d.reason)
+            self.decisions = (self.decisions + [{"instance": inst.url, "to": role, "reason": d.reason,
+                                                 "queues": queues, "time": time.time()}])[-100:]
+            logger.info("planner: %s becomes %s: %s; queues before: %s", inst.url, role, d.reason, queues)
         self.pool_size.labels("prefill").set(len(self.prefills))
         self.pool_size.labels("decode").set(len(self.decodes))
         return d
@@ -102,11 +124,16 @@ class Router:
         exclude: set[int] = set()
         transfer: dict | None = None
         tried_prefill = False
+        t0 = time.monotonic()
         while True:
             decision = plan_route(len(tokens or []), hashes, bs, self.decodes, self.prefills, self.cfg, exclude)
             if decision is None:
                 self.errors.inc()
                 return _error(503, "no decode instance is reachable", "no_instance")
+            if not exclude:  # once per request: what a hand-over could take, whichever pool exists now
+                n = len(tokens or [])
+                self.window.record_request(n, tokens is not None and _single(body) and
+                                           n - decision.overlap_tokens >= self.cfg.min_remote_prefill_tokens)
             dec = self.decodes[decision.decode]
             if decision.prefill is not None and tokens is not None and _single(body) and not tried_prefill:
                 tried_prefill = True
@@ -116,7 +143,7 @@ class Router:
             if transfer:
                 out["kv_transfer_params"] = transfer
             try:
-                return await self._decode(dec, path, out)
+                return await self._decode(dec, path, out, (t0, len(tokens or [])))
             except httpx.TransportError as e:  # not reached, or closed before answering: try the next one
                 logger.warning("decode instance %s failed before answering (%r): trying another", dec.url, e)
                 self.monitor.mark_down(dec)
@@ -161,7 +188,8 @@ class Router:
             self.failovers.inc()
         return params
 
-    async def _decode(self, inst: InstanceState, path: str, body: dict) -> Response:
+    async def _decode(self, inst: InstanceState, path: str, body: dict, since: tuple[float, int]) -> Response:
+        """`since`: when the request arrived and its prompt tokens (a stream's TTFT, for the planner)."""
         url = f"{inst.url}{path}"
         if not body.get("stream"):
             inst.in_flight += 1
@@ -181,12 +209,17 @@ class Router:
         except BaseException:
             inst.in_flight -= 1
             raise
-        return StreamingResponse(self._relay(inst, upstream), status_code=upstream.status_code,
+        return StreamingResponse(self._relay(inst, upstream, since), status_code=upstream.status_code,
                                  media_type=upstream.headers.get("content-type", "text/event-stream"))
 
-    async def _relay(self, inst: InstanceState, upstream: httpx.Response) -> AsyncIterator[bytes]:
+    async def _relay(self, inst: InstanceState, upstream: httpx.Response,
+                     since: tuple[float, int]) -> AsyncIterator[bytes]:
+        first = upstream.status_code == 200
         try:
             async for chunk in upstream.aiter_raw():
+                if first and (b'"role"' not in chunk or chunk.count(b"data:") > 1):  # past chat's role-only
+                    self.window.record_ttft(since[1], time.monotonic() - since[0])  # chunk: the first token
+                    first = False
                 yield chunk
         except httpx.HTTPError as e:
             self.errors.inc()
@@ -269,7 +302,8 @@ def build_router_app(router: Router) -> FastAPI:
 
     @app.get("/router/planner")
     async def planner_log():
-        return {"enabled": router.planner is not None, "moves": router.decisions}
+        return {"enabled": router.planner is not None, "moves": router.decisions, "last": router.last_decision,
+                "pools": {"prefill": [i.url for i in router.prefills], "decode": [i.url for i in router.decodes]}}
 
     @app.get("/metrics")
     async def metrics():

@@ -58,6 +58,27 @@ def add_cluster_args(p: argparse.ArgumentParser) -> None:
     c.add_argument("--link-gbps", type=float, help="KV transfer bandwidth, GB/s (default: the device "
                    "interconnect; 10 with a measured profile)")
     c.add_argument("--link-latency-ms", type=float, default=0.1, help="KV transfer latency (default: %(default)s)")
+    e = p.add_argument_group("elastic P:D (the planner of `tokenmill cluster --planner profile`, simulated)")
+    e.add_argument("--elastic", action="store_true", help="with --prefill-replicas/--decode-replicas as the start: "
+                   "the profile planner moves replicas between the pools (its role profile from the same "
+                   "performance model); prompts >= --min-remote-prefill-tokens go to the prefill pool")
+    e.add_argument("--min-remote-prefill-tokens", type=int, default=256, help="(default: %(default)s)")
+    e.add_argument("--planner-interval", type=float, default=5.0, help="seconds (default: %(default)s)")
+    e.add_argument("--ttft-target-ms", type=float, default=2000.0, help="(default: %(default)s)")
+    e.add_argument("--itl-target-ms", type=float, default=100.0, help="(default: %(default)s)")
+    e.add_argument("--min-prefill", type=int, default=0, help="smallest prefill pool; 0 lets it empty (default: "
+                   "%(default)s)")
+
+
+def elastic_config(args: argparse.Namespace):
+    """The simulated planner's settings, or None without --elastic."""
+    if not getattr(args, "elastic", False):
+        return None
+    from tokenmill.disagg.sla_planner import SLAPlannerConfig
+    if args.prefill_replicas < 1 or args.decode_replicas < 1:
+        raise ValueError("--elastic needs --prefill-replicas and --decode-replicas >= 1 (the starting split)")
+    return SLAPlannerConfig(interval_s=args.planner_interval, ttft_target_s=args.ttft_target_ms / 1e3,
+                            itl_target_s=args.itl_target_ms / 1e3, min_prefill=args.min_prefill)
 
 
 def cluster_config(args: argparse.Namespace) -> ClusterConfig:

@@ -59,10 +59,21 @@ def _default_model_folder() -> str:
 
 
 def simulate(source: Source, cfg: ClusterConfig, requests: list[BenchRequest], offsets: Any,
-             tokens: TokenCounter, price_per_replica: float = 0.0) -> tuple[ClusterSimulator, list[SimResult]]:
+             tokens: TokenCounter, price_per_replica: float = 0.0, elastic: Any = None,
+             min_remote_prefill_tokens: int = 256) -> tuple[ClusterSimulator, list[SimResult]]:
+    """`elastic`: an `SLAPlannerConfig`, to let the profile planner move replicas between pools."""
     specs, link = build_cluster(cfg, source.shape, source.hardware, source.device, source.profile,
                                 price_per_replica)
-    sim = ClusterSimulator(specs, cfg.router, transfer=link)
+    if elastic is None:
+        sim = ClusterSimulator(specs, cfg.router, transfer=link)
+    else:
+        from tokenmill.disagg.role_profile import role_profile_from_perf
+        from tokenmill.disagg.sla_planner import ProfilePlanner
+        from tokenmill.sim.elastic import ElasticClusterSimulator
+        role = role_profile_from_perf(specs[0].perf, cfg.max_num_batched_tokens,
+                                      specs[-1].num_kv_blocks * cfg.block_size, cfg.max_num_seqs, source.describe())
+        sim = ElasticClusterSimulator(specs, ProfilePlanner(elastic, role), link, min_remote_prefill_tokens,
+                                      cfg.router)
     return sim, sim.run(to_sim_requests(requests, offsets, tokens))
 
 
@@ -77,11 +88,13 @@ def server_stats(sim: ClusterSimulator) -> dict[str, float]:
 
 
 def run_rate(plan: Plan, source: Source, cfg: ClusterConfig, tokens: TokenCounter, rate: float | None,
-             index: int) -> tuple[Any, dict[str, Any], ClusterSimulator, float]:
+             index: int, elastic: Any = None,
+             min_remote_prefill_tokens: int = 256) -> tuple[Any, dict[str, Any], ClusterSimulator, float]:
     requests = plan.requests_for(index)
     t0 = time.perf_counter()
     sim, sims = simulate(source, cfg, requests, offsets_for(plan, requests, rate), tokens,
-                         plan.price.per_hour if plan.price and source.profile is not None else 0.0)
+                         plan.price.per_hour if plan.price and source.profile is not None else 0.0, elastic,
+                         min_remote_prefill_tokens)
     wall = time.perf_counter() - t0
     results = to_request_results(sims, requests)
     price = cluster_price(plan, source, sim)
@@ -105,10 +118,11 @@ def cluster_price(plan: Plan, source: Source, sim: ClusterSimulator) -> PriceCho
 def run_sim(args: argparse.Namespace) -> int:
     if args.max_concurrency is not None:
         raise BenchError("--max-concurrency (closed-loop clients) is not simulated; give --request-rate")
-    from tokenmill.sim.args import cluster_config
+    from tokenmill.sim.args import cluster_config, elastic_config
 
     source = resolve_source(args)
     cfg = cluster_config(args)
+    elastic = elastic_config(args)
     plan = make_plan(args)
     plan.meta.update(simulated=source.describe(), base_url=None, model=source.shape.name, cluster=cfg.label(),
                      endpoint=plan.cfg.endpoint)
@@ -117,9 +131,15 @@ def run_sim(args: argparse.Namespace) -> int:
     rows, by_rate = [], {}
     sweep = len(plan.rates) > 1
     for index, rate in enumerate(plan.rates):
-        results, summary, sim, wall = run_rate(plan, source, cfg, tokens, rate, index)
+        results, summary, sim, wall = run_rate(plan, source, cfg, tokens, rate, index, elastic,
+                                               getattr(args, "min_remote_prefill_tokens", 256))
         meta = {**plan.meta, "request_rate": rate, "arrivals": arrivals(plan, rate), "interrupted": False,
                 "sim_wall_s": wall, "replica_utilisation": sim.utilisation()}
+        if elastic is not None:
+            meta["planner_moves"] = [{"time_s": t, "replica": i, "to": role, "reason": why}
+                                     for t, i, role, why in sim.moves]
+            print(f"rate {rate_label(rate)}: {len(sim.moves)} planner moves; prefill/decode replicas over time: "
+                  + " ".join(f"{p}:{d}" for _, p, d in sim.pool_sizes[::max(1, len(sim.pool_sizes) // 12)]))
         out = plan.out / f"rate_{rate_label(rate).replace(',', '')}" if sweep else plan.out
         write_run(out, results, summary, meta, TITLE)
         rows.append((rate, summary))

@@ -233,20 +233,33 @@ class ClusterSimulator:
                              f"{replica.spec.block_size} tokens)")
         for o in out.outputs:
             res = self.results[o.request_id]
+            self._on_tokens(res, len(o.new_token_ids), replica.clock.now)
             res.token_times.extend([replica.clock.now] * len(o.new_token_ids))
         for req in out.finished_requests:
             res = self.results[req.request_id]
             res.num_preemptions += req.events.num_preemptions
-            if replica.role != "decode":
+            if self._started_here(replica, req.request_id):
                 res.num_cached_tokens = req.num_cached_tokens
                 res.queue_time = (req.events.first_scheduled or req.events.arrival) - req.events.arrival
             sim_req = self._pending.pop(req.request_id)
-            if replica.role == "prefill" and sim_req.output_len > 1:
+            if self._hands_off(replica, sim_req):
                 nbytes = len(sim_req.prompt_token_ids) * replica.spec.perf.kv_bytes_per_token
                 self._push(replica.clock.now + self.transfer.time(nbytes), "handoff",
                            (sim_req, req.output_token_ids[0]))
         replica.release_held()
         self.end_time = max(self.end_time, replica.clock.now)
+
+    # hooks (the elastic simulator, sim/elastic.py, decides these per request)
+    def _on_tokens(self, res: SimResult, n: int, now: float) -> None:
+        """`n` tokens of a request stamped at `now` (before they join `res.token_times`)."""
+
+    def _started_here(self, replica: Replica, request_id: str) -> bool:
+        """Whether the request began on this replica (its prefix-cache hit and queue time count)."""
+        return replica.role != "decode"
+
+    def _hands_off(self, replica: Replica, req: SimRequest) -> bool:
+        """Whether a request finishing on this replica moves on to the decode pool."""
+        return replica.role == "prefill" and req.output_len > 1
 
     # -- totals ---------------------------------------------------------------------------------
     @property
