@@ -131,7 +131,8 @@ def _wait_for(what: str, check: Callable[[], bool], timeout: float = 60.0) -> No
 
 def _idle(url: str) -> bool:
     m = _metrics(url)
-    return m["tokenmill:kv_cache_usage_perc"] == 0 and m["tokenmill:num_requests_running"] == 0
+    return (m["tokenmill:kv_cache_usage_perc"] == 0 and m["tokenmill:num_requests_running"] == 0
+            and m["tokenmill:num_requests_waiting"] == 0)
 
 
 LONG = {"prompt": "hello", "max_tokens": 400, "ignore_eos": True}  # >= 20 s on the slow-step server
@@ -142,6 +143,8 @@ def test_queue_overflow_is_429(strict_server):
     requests two are admitted to wait and six get 429 with Retry-After, and so does a ninth whose
     body is not even JSON (shed before its body is read); once the long one is aborted, the
     admitted ones complete."""
+    _wait_for("the engine to go idle", lambda: _idle(strict_server.url))
+
     async def main():
         async with httpx.AsyncClient(base_url=strict_server.url, headers=AUTH, timeout=120) as c:
             async with c.stream("POST", "/v1/completions", json={**LONG, "stream": True}) as blocker:
