@@ -140,6 +140,8 @@ class FleetConfig(_Strict):
                                     "sleeping pool waits before the awake pool stops taking new requests")
     ray_address: str | None = Field(default=None, description="the Ray cluster of `launcher: ray` pools "
                                     "(default: RAY_ADDRESS or a local `ray start` head)")
+    admin_api_key: str | None = Field(default=None, min_length=1, description="when set, /metrics and /dashboard "
+                                      "need it (Authorization: Bearer KEY, or HTTP Basic with it as password)")
     idle_cost_interval_s: float = Field(default=5.0, gt=0, description="how often pool time is written to the "
                                                                         "ledger (idle cost, utilization)")
 
@@ -163,6 +165,8 @@ class FleetConfig(_Strict):
         keys = [t.api_key for t in self.tenants.values()]
         if len(set(keys)) != len(keys):
             raise ValueError("tenants: two tenants share an api_key")
+        if self.admin_api_key is not None and self.admin_api_key in keys:
+            raise ValueError("admin_api_key: must differ from every tenant's api_key")
         return self
 
     def models(self) -> list[str]:
