@@ -59,7 +59,7 @@ def snapshot(rt: FleetRuntime) -> dict:
 
     pools = []
     for p in rt.pools:
-        r = {"name": p.name, "model": p.config.model, "hardware": p.config.hardware.name,
+        r = {"name": p.name, "model": p.config.model_label, "hardware": p.config.hardware.name,
              "cores": p.config.hardware.cores,
              "replicas": [{"name": r.name, "url": r.url, "healthy": r.healthy} for r in p.replicas],
              **row("pool", p.name)}

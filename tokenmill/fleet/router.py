@@ -55,9 +55,9 @@ class PoolRuntime:
         return [r for r in self.replicas if r.healthy]
 
     def load(self) -> PoolLoad:
-        return PoolLoad(self.name, self.config.model, self.config.hardware.price_per_hour, len(self.healthy()),
-                        self.config.max_concurrency, sum(self.in_flight.values()), self.ttft_s, self.tpot_s,
-                        self.service_s)
+        return PoolLoad(self.name, self.config.model_label, self.config.hardware.price_per_hour,
+                        len(self.healthy()), self.config.max_concurrency, sum(self.in_flight.values()), self.ttft_s,
+                        self.tpot_s, self.service_s, tuple(self.config.served_models))
 
     def pick_replica(self) -> Replica:
         return min(self.healthy(), key=lambda r: (self.in_flight.get(r.name, 0), r.index))
@@ -75,6 +75,7 @@ class Lease:
     replica: Replica
     decision: Decision
     queued_s: float = 0.0
+    model: str = ""  # the request's model (a pool may hold several)
 
 
 class Shed(Exception):
@@ -121,7 +122,7 @@ class Router:
                     group = self.groups.get(d.pool)
                     if group is None or group.admits(d.pool):
                         self._count(slo_class, d)
-                        return self._lease(d, loop.time() - start)
+                        return self._lease(d, loop.time() - start, model)
                     if turn is None or turn[1] != d.pool:
                         self._leave_turn(turn)
                         turn = (group, d.pool, time.monotonic())
@@ -163,11 +164,11 @@ class Router:
             except asyncio.TimeoutError:
                 return False
 
-    def _lease(self, d: Decision, queued_s: float) -> Lease:
+    def _lease(self, d: Decision, queued_s: float, model: str = "") -> Lease:
         pool = self.pools[d.pool]
         replica = pool.pick_replica()
         pool.in_flight[replica.name] = pool.in_flight.get(replica.name, 0) + 1
-        return Lease(pool, replica, d, queued_s)
+        return Lease(pool, replica, d, queued_s, model)
 
     def _count(self, slo_class: str, d: Decision) -> None:
         self.decisions[(slo_class, d.pool or "", d.reason.value)] += 1

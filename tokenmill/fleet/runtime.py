@@ -117,7 +117,7 @@ class FleetRuntime:
         self._tasks = [asyncio.create_task(self._every(SCRAPE_INTERVAL_S, self.scrape)),
                        asyncio.create_task(self._every(self.config.idle_cost_interval_s, self.bill_pool_time))]
         self.started = True
-        logger.info("fleet ready: %s", ", ".join(f"{p.name} ({p.config.model}, {len(p.replicas)} replica(s))"
+        logger.info("fleet ready: %s", ", ".join(f"{p.name} ({p.config.model_label}, {len(p.replicas)} replica(s))"
                                                   for p in self.pools))
 
     async def _every(self, interval: float, fn) -> None:
@@ -178,7 +178,7 @@ class FleetRuntime:
                 self._wall[r.name] = self._wall.get(r.name, 0.0) + wall
                 self._busy[r.name] = self._busy.get(r.name, 0.0) + busy
                 hw = p.config.hardware
-                self.ledger.record_pool_time(PoolTimeEntry(now_u, p.name, r.name, p.config.model, hw.name,
+                self.ledger.record_pool_time(PoolTimeEntry(now_u, p.name, r.name, p.config.model_label, hw.name,
                                                            hw.price_per_hour, wall, busy))
         self.update_gauges()
 
@@ -188,12 +188,13 @@ class FleetRuntime:
         pool, replica = lease.pool, lease.replica
         self.router.release(lease, usage.ttft_s, usage.tpot_s, e2e_s if status == "ok" else None)
         hw = pool.config.hardware
-        entry = RequestEntry(time.time(), request_id, pool.config.model, pool.name, replica.name, hw.name, tenant,
+        model = lease.model or pool.config.model_label
+        entry = RequestEntry(time.time(), request_id, model, pool.name, replica.name, hw.name, tenant,
                              slo_class, status, usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens,
                              usage.prefill_device_seconds, usage.decode_device_seconds, hw.price_per_hour,
                              usage.ttft_s, usage.tpot_s, e2e_s)
         self.ledger.record_request(entry)
-        m, labels = self.metrics, (pool.config.model, pool.name, tenant, slo_class)
+        m, labels = self.metrics, (model, pool.name, tenant, slo_class)
         m.requests.labels(*labels, status).inc()
         m.prompt_tokens.labels(*labels).inc(usage.prompt_tokens)
         m.gen_tokens.labels(*labels).inc(usage.completion_tokens)

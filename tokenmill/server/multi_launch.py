@@ -83,7 +83,7 @@ def build(args: argparse.Namespace) -> MultiModelApp:
         template = cli_args.load_chat_template(margs.chat_template)
         app = build_app(lambda config=config: load(config), served_model_names=[name], api_key=args.api_key,
                         price_per_hour=args.price_per_hour, chat_template=template,
-                        log_stats=not args.disable_log_stats, public_metrics=args.public_metrics,
+                        log_stats=not (args.disable_log_stats or margs.disable_log_stats), public_metrics=args.public_metrics,
                         max_waiting_requests=margs.max_waiting_requests, max_engine_restarts=0)
         hosted.append(HostedModel(name, app, app.state.tokenmill))
     return MultiModelApp(hosted, api_key=args.api_key, quantum_s=args.switch_quantum_s,
