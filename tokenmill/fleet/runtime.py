@@ -23,6 +23,7 @@ from tokenmill.fleet.policy import Decision
 from tokenmill.fleet.replica import Replica, make_replica
 from tokenmill.fleet.router import Lease, PoolRuntime, Router
 from tokenmill.fleet.switching import SwitchGroup
+from tokenmill.fleet.timeseries import SeriesRing, point
 
 logger = logging.getLogger(__name__)
 BUSY = "tokenmill:engine_busy_seconds_total"
@@ -71,6 +72,7 @@ class FleetRuntime:
         self.client = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=10.0),
                                         limits=httpx.Limits(max_connections=1000, max_keepalive_connections=100))
         self.groups = self._switch_groups()
+        self.history = SeriesRing()  # the dashboard's time series, a point per scrape
         self._clocks: dict[str, _Clock] = {}
         self._wall: dict[str, float] = {}  # replica -> wall seconds billed since the fleet started
         self._busy: dict[str, float] = {}
@@ -135,6 +137,8 @@ class FleetRuntime:
                     self.metrics.restarts.labels(p.name).inc()
         await asyncio.gather(*(r.scrape(self.client) for r in self.replicas()))
         self.update_gauges()
+        self.history.add(point(self.metrics, [p.name for p in self.pools], list(self.config.slo_classes),
+                               list(self.config.tenants), dict(self.router.waiting)))
 
     def update_gauges(self) -> None:
         m = self.metrics
