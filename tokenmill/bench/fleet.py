@@ -19,7 +19,9 @@ prompts and outputs). Every scenario runs the same arrival draws for --duration 
                 as the two pools of `switching` get)
   premium-only  the default model's traffic alone, on two replicas of the expensive profile ($4/h each)
   sla-routed    the same traffic on one premium replica ($4/h) + one economy replica ($0.5/h), routed by
-                SLO class (batch takes idle capacity on the cheapest pool)
+                SLO class (batch takes idle capacity on the cheapest pool); TTFT/TPOT predicted from the
+                pool's load (fleet/latency_model.py)
+  sla-routed-ewma  the same with the first router's prediction (a moving average of recent requests)
 
 Reported per scenario and SLO class: goodput (requests per second finishing within the class's
 targets; batch: finished), p50/p99 TTFT and TPOT as the client sees them (streamed; the fleet's
@@ -98,7 +100,13 @@ def scenarios(small: Path) -> dict[str, tuple[list[dict], list[str]]]:
         "premium-only": ([{**pool("premium", "default", None, 4.0, None, 1), "replicas": 2}], ["default"]),
         "sla-routed": ([pool("premium", "default", None, 4.0, [0], 1), pool("economy", "default", None, 0.5, [1], 1)],
                        ["default"]),
+        "sla-routed-ewma": ([pool("premium", "default", None, 4.0, [0], 1),
+                             pool("economy", "default", None, 0.5, [1], 1)], ["default"]),
     }
+
+
+# fleet config beyond the pools, per scenario
+SCENARIO_CONFIG = {"sla-routed-ewma": {"latency_prediction": "ewma"}}
 
 
 @dataclass
@@ -196,7 +204,8 @@ def run_scenario(name: str, pools: list[dict], models: list[str], args: argparse
     cfg = {"pools": pools, "slo_classes": {"interactive": INTERACTIVE, "batch": {"max_queue_s": 600}},
            "tenants": {"app": {"api_key": KEYS["interactive"], "slo_class": "interactive"},
                        "jobs": {"api_key": KEYS["batch"], "slo_class": "batch"}},
-           "ledger": str(ledger), "idle_cost_interval_s": 1.0, "max_queue": 1000, "switch_quantum_s": 1.0}
+           "ledger": str(ledger), "idle_cost_interval_s": 1.0, "max_queue": 1000, "switch_quantum_s": 1.0,
+           **SCENARIO_CONFIG.get(name, {})}
     (work / f"{name}.yaml").write_text(yaml.safe_dump(cfg))
     port = 20000 + random.randrange(20000)
     url = f"http://127.0.0.1:{port}"

@@ -190,6 +190,9 @@ class FleetConfig(_Strict):
                                     "sleeping pool waits before the awake pool stops taking new requests")
     ray_address: str | None = Field(default=None, description="the Ray cluster of `launcher: ray` pools "
                                     "(default: RAY_ADDRESS or a local `ray start` head)")
+    latency_prediction: Literal["load", "ewma"] = Field(default="load", description="how the router predicts "
+                                                       "a pool's TTFT/TPOT: load = fitted against the requests in "
+                                                       "flight (latency_model.py); ewma = recent average")
     admin_api_key: str | None = Field(default=None, min_length=1, description="when set, /metrics and /dashboard "
                                       "need it (Authorization: Bearer KEY, or HTTP Basic with it as password)")
     idle_cost_interval_s: float = Field(default=5.0, gt=0, description="how often pool time is written to the "
