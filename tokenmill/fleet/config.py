@@ -76,7 +76,7 @@ def _check_engine(engine: dict[str, Any]) -> dict[str, Any]:
     return engine
 
 
-class HostedModel(_Strict):
+class PoolModel(_Strict):
     """One of the models a `models:` pool's engine process holds (tokenmill serve-multi)."""
     model: str = Field(min_length=1, description="the name requests use in their `model` field")
     path: str | None = Field(default=None, description="model folder (default: `model`; 'default' = the "
@@ -99,7 +99,7 @@ class Pool(_Strict):
     name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
     model: str | None = Field(default=None, min_length=1, description="the name requests use in their `model` "
                               "field (or `models`)")
-    models: list[HostedModel] | None = Field(default=None, min_length=2, description="several models in one "
+    models: list[PoolModel] | None = Field(default=None, min_length=2, description="several models in one "
                                              "engine process per replica, one awake at a time (sleep mode)")
     switch_quantum_s: float = Field(default=2.0, ge=0, description="a `models:` pool: how long a request for a "
                                     "sleeping model waits before the awake one stops taking new requests")
