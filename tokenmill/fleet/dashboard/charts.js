@@ -78,7 +78,8 @@ function barChart(container, opts) {
 // non-null points (data-series, data-points = how many, data-last = the latest value); the svg's
 // data-last-t is the latest time drawn. The x axis is seconds before the latest point.
 function lineChart(container, opts) {
-  const width = 440, height = 220, left = 58, right = 10, top = 22, bottom = 40;
+  const perRow = 4, rows = Math.max(1, Math.ceil(opts.series.length / perRow));
+  const width = 440, left = 58, right = 10, top = 22, bottom = 28 + 12 * rows, height = 180 + bottom;
   const svg = svgEl("svg", {viewBox: `0 0 ${width} ${height}`, class: "chart", role: "img"});
   const times = opts.times, series = opts.series, targets = (opts.targets || []).filter(t => t.value != null);
   const ok = v => v !== null && v !== undefined && !Number.isNaN(v);
@@ -115,8 +116,8 @@ function lineChart(container, opts) {
     svg.appendChild(svgEl("line", {x1: left, x2: width - right, y1: y(t.value), y2: y(t.value), class: "target",
                                    "data-label": t.name, "data-target": t.value}));
   });
-  series.forEach((s, j) => {  // legend
-    const lx = left + (j % 4) * 95, ly = height - 14 + 0 * j;
+  series.forEach((s, j) => {  // legend, perRow a row
+    const lx = left + (j % perRow) * 95, ly = height - 12 * (rows - Math.floor(j / perRow)) - 2;
     svg.appendChild(svgEl("rect", {x: lx, y: ly, width: 10, height: 10, fill: PALETTE[j % PALETTE.length]}));
     svg.appendChild(svgEl("text", {x: lx + 14, y: ly + 9, class: "legend"}, s.name));
   });
