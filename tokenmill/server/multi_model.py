@@ -247,12 +247,10 @@ def merge_expositions(texts: list[str]) -> str:
         for line in text.splitlines():
             if not line.strip():
                 continue
-            if line.startswith("# HELP ") or line.startswith("# TYPE "):
-                name = line.split(" ", 3)[2]
-                fam = families.setdefault(name, {"help": None, "type": None, "samples": []})
-                fam["help" if line.startswith("# HELP ") else "type"] = fam["help" if line.startswith("# HELP ")
-                                                                             else "type"] or line
-                current = fam
+            if line.startswith(("# HELP ", "# TYPE ")):
+                kind, name = line[2:6].lower(), line.split(" ", 3)[2]
+                current = families.setdefault(name, {"help": None, "type": None, "samples": []})
+                current[kind] = current[kind] or line  # the first exposition's HELP / TYPE
             elif current is not None:
                 current["samples"].append(line)
     out = []
