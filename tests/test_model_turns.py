@@ -30,12 +30,13 @@ class Device:
             raise RuntimeError("engine refused")
         self.log.append((asleep, awake))
 
-    async def request(self, model: str, hold: float, served: list[str]) -> None:
+    async def request(self, model: str, hold: float | asyncio.Event, served: list[str]) -> None:
+        """Holds its place `hold` seconds, or until the event is set."""
         async with self.turns.turn(model):
             assert self.turns.awake == model and not self.turns.switching
             assert all(n == 0 for m, n in self.running.items() if m != model), "two models ran at once"
             self.running[model] = self.running.get(model, 0) + 1
-            await asyncio.sleep(hold)
+            await (hold.wait() if isinstance(hold, asyncio.Event) else asyncio.sleep(hold))
             self.running[model] -= 1
             served.append(model)
 
@@ -50,11 +51,15 @@ def test_awake_model_runs_at_once_sleeping_one_waits_for_the_drain():
         d = Device()
         turns = _turns(d)
         served: list[str] = []
-        first = asyncio.create_task(d.request("a", 0.05, served))
-        await asyncio.sleep(0.01)
+        release_a = asyncio.Event()
+        first = asyncio.create_task(d.request("a", release_a, served))
+        while d.running.get("a") != 1:
+            await asyncio.sleep(0)
         second = asyncio.create_task(d.request("b", 0.0, served))
-        await asyncio.sleep(0.01)
-        assert turns.num_waiting("b") == 1 and d.log == []  # "a" still runs
+        for _ in range(20):  # whatever the scheduling, "b" waits while "a" runs
+            await asyncio.sleep(0)
+        assert turns.num_waiting("b") == 1 and d.log == [] and turns.in_flight["a"] == 1
+        release_a.set()
         await asyncio.gather(first, second)
         assert served == ["a", "b"] and d.log == [("a", "b")] and turns.awake == "b" and turns.switches == 1
     asyncio.run(main())
@@ -76,7 +81,7 @@ def test_quantum_stops_a_steady_stream_from_holding_the_device():
 
         stream = asyncio.create_task(steady())
         await asyncio.sleep(0.02)
-        await asyncio.wait_for(d.request("b", 0.0, served), timeout=2.0)  # got its turn despite the stream
+        await asyncio.wait_for(d.request("b", 0.0, served), timeout=30.0)  # got its turn despite the stream
         stop.set()
         await stream
         assert ("a", "b") in d.log and turns.switches >= 1
@@ -93,7 +98,7 @@ def test_failed_switch_is_retried_and_cancelled_waiter_leaves_no_trace():
         gone.cancel()
         await asyncio.gather(gone, return_exceptions=True)
         assert turns.num_waiting("b") == 0
-        await asyncio.wait_for(d.request("b", 0.0, served), timeout=2.0)
+        await asyncio.wait_for(d.request("b", 0.0, served), timeout=30.0)
         assert served == ["b"] and turns.awake == "b" and d.log == [("a", "b")]
         assert all(n == 0 for n in turns.in_flight.values())
     asyncio.run(main())
@@ -112,7 +117,7 @@ def test_random_arrivals_all_served_one_model_at_a_time(arrivals, quantum_s):
         for model, gap, hold in arrivals:
             await asyncio.sleep(gap / 1000)
             tasks.append(asyncio.create_task(d.request(model, hold / 1000, served)))
-        await asyncio.wait_for(asyncio.gather(*tasks), timeout=10)
+        await asyncio.wait_for(asyncio.gather(*tasks), timeout=60)
         assert sorted(served) == sorted(m for m, _, _ in arrivals)
         assert all(n == 0 for n in d.turns.in_flight.values())
         assert all(not w for w in d.turns.waiters.values())
