@@ -1,4 +1,4 @@
-"""tokenmill command line: serve | generate | chat | eval | bench | sim | plan | router | cluster | fleet |
+"""tokenmill command line: serve | serve-multi | generate | chat | eval | bench | sim | plan | router | cluster | fleet |
 ledger."""
 from __future__ import annotations
 
@@ -127,6 +127,17 @@ def _add_serve(sub) -> None:
     serve = sub.add_parser("serve", help="OpenAI-compatible HTTP server", epilog=MODEL_RULE)
     add_serve_args(serve)
     serve.set_defaults(func=run_server)
+
+    from tokenmill.server.multi_launch import add_arguments as add_multi_args
+
+    def run_multi(args: argparse.Namespace) -> int:
+        from tokenmill.server.multi_launch import run
+        return run(args)
+
+    multi = sub.add_parser("serve-multi", help="one server process holding several models, one awake at a time "
+                           "(sleep mode: weights kept, KV released)")
+    add_multi_args(multi)
+    multi.set_defaults(func=run_multi)
 
 
 def _add_bench(sub) -> None:

@@ -57,7 +57,7 @@ def test_every_route_but_health_needs_the_key(keyed):
     assert ("POST", "/v1/completions") in routes and ("GET", "/openapi.json") in routes
     bodies = {"/v1/completions": {"prompt": "hi", "max_tokens": 1}, "/v1/chat/completions": {"messages": [
         {"role": "user", "content": "hi"}], "max_tokens": 1}, "/tokenize": {"prompt": "hi"},
-        "/detokenize": {"tokens": [5]}}
+        "/detokenize": {"tokens": [5]}, "/abort_request": {"request_id": "not-a-recent-one"}}
     for method, path in sorted(routes):
         kw = {"json": bodies.get(path, {})} if method == "POST" else {}
         for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": KEY},

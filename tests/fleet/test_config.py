@@ -82,3 +82,32 @@ def test_the_command_says_it_in_one_line(tmp_path):
     r = subprocess.run([sys.executable, "-m", "tokenmill", "fleet", "--config", str(path)], capture_output=True,
                        text=True, timeout=120)
     assert r.returncode == 2 and "pools.1.hardware.price_per_hour" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_models_pool_shape_and_errors():
+    data = _example()
+    data["pools"][1] = {"name": "shared", "hardware": {"name": "cpu", "price_per_hour": 1.0},
+                        "engine": {"dtype": "float32"},
+                        "models": [{"model": "a", "path": "/m/a"}, {"model": "b", "engine": {"max_model_len": 256}}]}
+    cfg = parse_fleet_config(data)
+    shared = cfg.pools[1]
+    assert shared.served_models == ["a", "b"] and shared.model_label == "a+b" and cfg.models() == ["a", "b", "default"]
+    from tokenmill.fleet.replica import ReplicaProcess
+    replica = ReplicaProcess(shared, 0, Path("/tmp"))
+    argv = replica.argv()
+    assert argv[2] == "tokenmill.server.multi_launch"
+    specs = [argv[i + 1] for i, a in enumerate(argv) if a == "--model"]
+    assert specs == ["a=/m/a --dtype float32", "b=b --dtype float32 --max-model-len 256"]
+    bad = [({"model": "x"}, "model, models: give exactly one"),
+           ({"models": [{"model": "a"}, {"model": "a"}]}, "names must be unique"),
+           ({"models": [{"model": "a"}]}, "models: List should have at least 2"),
+           ({"models": [{"model": "a"}, {"model": "b", "engine": {"port": 1}}]}, "models.1.engine"),
+           ({"models": [{"model": "a"}, {"model": "b"}], "switch_group": "g"}, "switch_group")]
+    for extra, message in bad:
+        data["pools"][1] = {**data["pools"][1], **extra}
+        if "model" not in extra:
+            data["pools"][1].pop("model", None)
+        with pytest.raises(ValueError, match=message):
+            parse_fleet_config(data)
+        data["pools"][1] = {"name": "shared", "hardware": {"name": "cpu", "price_per_hour": 1.0},
+                            "models": [{"model": "a"}, {"model": "b"}]}

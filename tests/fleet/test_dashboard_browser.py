@@ -4,6 +4,7 @@ shows match /metrics."""
 from __future__ import annotations
 
 import shutil
+import time
 
 import httpx
 import pytest
@@ -33,6 +34,7 @@ def _send(fleet) -> None:
 
 def test_dashboard_renders_live_data_matching_metrics(fleet, browser):
     _send(fleet)
+    traffic_done = time.time()
     page = browser.new_page()
     problems: list[str] = []
     page.on("console", lambda m: problems.append(f"console {m.type}: {m.text}") if m.type in ("error", "warning") else None)
@@ -72,5 +74,21 @@ def test_dashboard_renders_live_data_matching_metrics(fleet, browser):
     assert float(pool_price.get_attribute("data-value")) == series(text, "tokenmill:fleet_pool_price_per_hour_usd",
                                                                   pool="premium")
     assert page.locator("#top-costs tbody tr").count() >= 3
+
+    # time series (the fleet's ring buffer, a point a second): every chart draws its lines, they
+    # grow, and the latest point after the traffic says what the bars say
+    for chart in ("ts-cost-pool", "ts-cost-tenant", "ts-ttft", "ts-tpot", "ts-queues", "ts-kv"):
+        assert page.locator(f"#{chart} svg polyline[data-series]").count() >= 1, chart
+    queue_line = "#ts-queues polyline[data-series='fleet:interactive']"
+    n = int(page.get_attribute(queue_line, "data-points"))
+    page.wait_for_function(f"Number(document.querySelector(\"{queue_line}\").dataset.points) > {n}", timeout=15000)
+    page.wait_for_function(f"Number(document.querySelector('#ts-cost-tenant svg').dataset.lastT) > {traffic_done}",
+                           timeout=15000)
+    for tenant in ("acme", "initech", "globex"):
+        line = page.locator(f"#ts-cost-tenant polyline[data-series='{tenant}']")
+        assert int(line.get_attribute("data-points")) >= 1
+        assert float(line.get_attribute("data-last")) == pytest.approx(costs[tenant], rel=1e-9), tenant
+    assert float(page.locator("#ts-ttft polyline[data-series='interactive']").get_attribute("data-last")) > 0
+    assert page.locator("#ts-ttft line.target[data-label='interactive']").get_attribute("data-target") == "2"
     page.close()
     assert problems == []

@@ -159,3 +159,51 @@ def test_errors_name_what_is_wrong(fleet):
     assert r.status_code == 200 and r.headers["x-tokenmill-route-reason"] == "idle_capacity"
     models = openai.OpenAI(base_url=fleet.url + "/v1", api_key=fleet.key("globex")).models.list()
     assert sorted(m.id for m in models.data) == ["default", "tiny"]
+
+
+async def _abandon(fleet, tenant: str, model: str, i: int) -> None:
+    """A client that reads two chunks of a long stream and leaves (closes the connection)."""
+    async with openai.AsyncOpenAI(base_url=fleet.url + "/v1", api_key=fleet.key(tenant), max_retries=0) as c:
+        stream = await c.completions.create(model=model, prompt=f"Write a long story about {i}:", max_tokens=400,
+                                            stream=True, extra_body={"ignore_eos": True})
+        seen = 0
+        async for _ in stream:
+            seen += 1
+            if seen == 2:
+                break
+        await stream.close()
+
+
+def test_abandoned_streams_are_billed(fleet):
+    """A client that disconnects mid-stream: its request is aborted on the engine and billed what the
+    engine charged it (status `abandoned`), so billed device-seconds still equal the engines' busy
+    seconds with aborts in the mix."""
+    busy_before = engine_busy(fleet)
+    delta = Delta(fleet)
+
+    async def mix():
+        async with openai.AsyncOpenAI(base_url=fleet.url + "/v1", api_key=fleet.key("acme"), max_retries=0) as c:
+            done = [c.completions.create(model="default", prompt=f"Hi {i}", max_tokens=4) for i in range(2)]
+            await asyncio.gather(*done, _abandon(fleet, "acme", "default", 1), _abandon(fleet, "initech", "default", 2))
+
+    asyncio.run(mix())
+    deadline = time.monotonic() + 30
+    while True:  # the abandoned ones are billed in the background, once their replica answers
+        delta.refresh()
+        if delta("tokenmill:fleet_requests_total", status="abandoned") >= 2 or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert delta("tokenmill:fleet_requests_total", status="abandoned") == 2
+    assert delta("tokenmill:fleet_requests_total", status="ok") == 2
+    assert delta("tokenmill:fleet_device_seconds_total", tenant="initech") > 0
+    billed = delta("tokenmill:fleet_device_seconds_total")
+    busy = engine_busy(fleet) - busy_before
+    assert busy > 0 and abs(billed - busy) <= 0.01 * busy, (billed, busy)
+    with sqlite3.connect(f"file:{fleet.ledger}?mode=ro", uri=True) as conn:
+        rows = conn.execute("SELECT tenant, prompt_tokens, completion_tokens, "
+                            "prefill_device_seconds + decode_device_seconds, cost_usd FROM requests "
+                            "WHERE status = 'abandoned'").fetchall()
+    assert sorted(r[0] for r in rows) == ["acme", "initech"]
+    for _, prompt, completion, device_s, cost in rows:
+        # it was stopped: far fewer than the 400 tokens asked for, yet it used the device
+        assert prompt > 0 and 2 <= completion < 400 and device_s > 0 and cost > 0

@@ -13,9 +13,15 @@ prompts and outputs). Every scenario runs the same arrival draws for --duration 
   switching     one pool per model in one switch group: one engine awake at a time with both cores
                 (2 threads), the other asleep (KV cache released, weights in host memory); turns after
                 a 1 s quantum
+  one-process   both models in ONE engine process (a `models:` pool, `tokenmill serve-multi`): one awake
+                at a time with both cores (2 threads), the other asleep (KV cache released, weights in
+                host memory), turns after a 1 s quantum; the fleet may send it 12 requests (6 per model,
+                as the two pools of `switching` get)
   premium-only  the default model's traffic alone, on two replicas of the expensive profile ($4/h each)
   sla-routed    the same traffic on one premium replica ($4/h) + one economy replica ($0.5/h), routed by
-                SLO class (batch takes idle capacity on the cheapest pool)
+                SLO class (batch takes idle capacity on the cheapest pool); TTFT/TPOT predicted from the
+                pool's load (fleet/latency_model.py)
+  sla-routed-ewma  the same with the first router's prediction (a moving average of recent requests)
 
 Reported per scenario and SLO class: goodput (requests per second finishing within the class's
 targets; batch: finished), p50/p99 TTFT and TPOT as the client sees them (streamed; the fleet's
@@ -88,10 +94,19 @@ def scenarios(small: Path) -> dict[str, tuple[list[dict], list[str]]]:
                     ["default", "small"]),
         "switching": ([{**pool("smollm2", "default", None, 1.0, None, 2), "switch_group": "device"},
                        {**pool("small", "small", s, 1.0, None, 2), "switch_group": "device"}], ["default", "small"]),
+        "one-process": ([{**pool("shared", "default", None, 1.0, None, 2), "model": None, "max_concurrency": 12,
+                          "switch_quantum_s": 1.0, "models": [{"model": "default"}, {"model": "small", "path": s}]}],
+                        ["default", "small"]),
         "premium-only": ([{**pool("premium", "default", None, 4.0, None, 1), "replicas": 2}], ["default"]),
         "sla-routed": ([pool("premium", "default", None, 4.0, [0], 1), pool("economy", "default", None, 0.5, [1], 1)],
                        ["default"]),
+        "sla-routed-ewma": ([pool("premium", "default", None, 4.0, [0], 1),
+                             pool("economy", "default", None, 0.5, [1], 1)], ["default"]),
     }
+
+
+# fleet config beyond the pools, per scenario
+SCENARIO_CONFIG = {"sla-routed-ewma": {"latency_prediction": "ewma"}}
 
 
 @dataclass
@@ -189,7 +204,8 @@ def run_scenario(name: str, pools: list[dict], models: list[str], args: argparse
     cfg = {"pools": pools, "slo_classes": {"interactive": INTERACTIVE, "batch": {"max_queue_s": 600}},
            "tenants": {"app": {"api_key": KEYS["interactive"], "slo_class": "interactive"},
                        "jobs": {"api_key": KEYS["batch"], "slo_class": "batch"}},
-           "ledger": str(ledger), "idle_cost_interval_s": 1.0, "max_queue": 1000, "switch_quantum_s": 1.0}
+           "ledger": str(ledger), "idle_cost_interval_s": 1.0, "max_queue": 1000, "switch_quantum_s": 1.0,
+           **SCENARIO_CONFIG.get(name, {})}
     (work / f"{name}.yaml").write_text(yaml.safe_dump(cfg))
     port = 20000 + random.randrange(20000)
     url = f"http://127.0.0.1:{port}"
@@ -258,7 +274,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--duration", type=float, default=30.0, help="seconds of traffic per scenario")
     p.add_argument("--interactive-rate", type=float, default=1.0, help="interactive requests/s per model")
     p.add_argument("--batch-clients", type=int, default=3, help="closed-loop batch clients per model")
-    p.add_argument("--scenarios", default="time-sliced,time-sliced-1t,spatial,switching,premium-only,sla-routed")
+    p.add_argument("--scenarios", default="time-sliced,time-sliced-1t,spatial,switching,one-process,premium-only,"
+                   "sla-routed")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--work-dir", default=None)
     p.add_argument("--out-json", default=None)

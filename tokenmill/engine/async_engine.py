@@ -30,7 +30,14 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from tokenmill.engine.errors import EngineDeadError, EngineShutdownError, QueueFullError, RequestFailedError
+from tokenmill.engine.ended_usage import EndedUsage
+from tokenmill.engine.errors import (
+    EngineDeadError,
+    EngineShutdownError,
+    QueueFullError,
+    RequestAbortedError,
+    RequestFailedError,
+)
 from tokenmill.engine.request_stream import RequestStream, call_in_loop, deliver_all, set_exception, set_result
 from tokenmill.request import FinishReason, RequestOutput
 from tokenmill.sampling_params import SamplingParams
@@ -201,6 +208,13 @@ class AsyncLLMEngine:
         future = loop.create_future()
         self._submit(_Call(fn, future, loop))
         return await future
+
+    async def abort_with_usage(self, request_ids: list[str]) -> list[EndedUsage | None]:
+        """Abort the requests that still run and say what each used (None: ended too long ago)."""
+        ids = list(request_ids)
+        self._check_accepting()
+        self._submit(_Abort(ids, RequestAbortedError("the request was aborted")))
+        return await self.call(lambda engine: [engine.ended_usage.get(rid) for rid in ids])  # after the abort
 
     def abort(self, request_ids: str | list[str]) -> None:
         """Abort requests (thread-safe, non-blocking); their KV blocks are freed on the next turn."""

@@ -16,6 +16,7 @@ from tokenmill.core.kv_cache_manager import KVCacheManager
 from tokenmill.core.kv_events import KVEventLog
 from tokenmill.core.outputs import EngineCoreOutput, IterationStats, PromptLogprobs, SampledLogprobs
 from tokenmill.engine.detokenizer import DetokState, IncrementalDetokenizer
+from tokenmill.engine.ended_usage import EndedUsage, RecentMap
 from tokenmill.engine.errors import EngineSleepingError
 from tokenmill.engine.resolve import resolve_config
 from tokenmill.engine.tokenizer import load_tokenizer
@@ -96,6 +97,7 @@ class LLMEngine:
         self.parents: dict[str, _Parent] = {}
         self._samples: dict[str, tuple[_Parent, _Sample]] = {}  # core request id -> its parent and sample
         self.stat_loggers: list[StatLogger] = []
+        self.ended_usage: RecentMap[str, EndedUsage] = RecentMap()  # the last requests' usage, aborted ones too (fleet billing)
         # False: step() returns only finished requests (offline use skips per-step output building)
         self.stream_outputs = True
         self._ids = itertools.count()
@@ -200,9 +202,16 @@ class LLMEngine:
         if parent is None:
             return
         ended = self.core.finish_requests([s.request_id for s in parent.samples], FinishReason.ABORT)
+        events = {r.request_id: r.events for r in ended}  # a sample still in prefill has no output yet
+        self._record_usage(parent, [s.events or events.get(s.request_id) for s in parent.samples], aborted=True)
         for sample in parent.samples:
             self._samples.pop(sample.request_id, None)
         self._log_stats(IterationStats.idle(), ended)
+
+    def _record_usage(self, parent: _Parent, events: list[RequestEvents | None], aborted: bool) -> None:
+        self.ended_usage.record(parent.request_id, EndedUsage.of(
+            len(parent.prompt_token_ids), sum(len(s.token_ids) for s in parent.samples),
+            parent.samples[0].num_cached_tokens, events, aborted))
 
     def log_stats(self) -> None:
         """Report gauges outside a step (after aborts)."""
@@ -238,6 +247,7 @@ class LLMEngine:
         for p in touched.values():
             if p.finished:
                 del self.parents[p.request_id]
+                self._record_usage(p, [s.events for s in p.samples], aborted=False)
         self._log_stats(result.iteration, finished)
         return outputs
 

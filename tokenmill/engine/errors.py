@@ -26,5 +26,9 @@ class RequestFailedError(RuntimeError):
         self.request_id = request_id
 
 
+class RequestAbortedError(RuntimeError):
+    """The request was aborted on request (e.g. a fleet billing a request its client abandoned)."""
+
+
 class EngineSleepingError(RuntimeError):
     """The engine sleeps (sleep mode: its KV cache is released) until it is woken up."""

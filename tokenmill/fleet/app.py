@@ -8,15 +8,20 @@
 
 Answers: 401 unknown key, 400 bad body or class, 404 unknown model, 429 + Retry-After when shed,
 503 when no replica serves the model; responses carry x-tokenmill-pool / -replica / -route-reason.
+With `admin_api_key` in the config, /metrics and /dashboard* answer 401 without it (a scraper sends
+`Authorization: Bearer KEY`; a browser gets a Basic challenge and sends it as the password).
 """
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import contextlib
+import hmac
 import uuid
 from importlib import resources
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.responses import FileResponse, JSONResponse, Response
 
 from tokenmill.fleet import dashboard_data
@@ -40,6 +45,20 @@ def dashboard_dir():
     return resources.files("tokenmill.fleet") / "dashboard"
 
 
+def admin_key_of(request: Request) -> str:
+    """The key a request offers: `Bearer KEY`, or `Basic base64(user:KEY)` (what a browser sends)."""
+    auth = request.headers.get("authorization", "")
+    scheme, _, value = auth.partition(" ")
+    if scheme.lower() == "bearer":
+        return value.strip()
+    if scheme.lower() == "basic":
+        try:
+            return base64.b64decode(value.strip(), validate=True).decode().partition(":")[2]
+        except (binascii.Error, UnicodeDecodeError):
+            return ""
+    return ""
+
+
 def build_fleet_app(runtime: FleetRuntime, start_replicas: bool = True) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -52,6 +71,14 @@ def build_fleet_app(runtime: FleetRuntime, start_replicas: bool = True) -> FastA
 
     app = FastAPI(title="tokenmill fleet", lifespan=lifespan)
     config = runtime.config
+
+    def admin(request: Request) -> None:
+        """/metrics and /dashboard*: 401 without the admin key, when the config sets one."""
+        if config.admin_api_key is None:
+            return
+        if not hmac.compare_digest(admin_key_of(request).encode(), config.admin_api_key.encode()):
+            raise HTTPException(401, "this needs the fleet's admin_api_key (Authorization: Bearer KEY)",
+                                headers={"WWW-Authenticate": 'Basic realm="tokenmill fleet"'})
 
     def identify(request: Request) -> tuple[str, str] | JSONResponse:
         auth = request.headers.get("authorization", "")
@@ -124,22 +151,22 @@ def build_fleet_app(runtime: FleetRuntime, start_replicas: bool = True) -> FastA
             return Response("starting", 503)
         return Response("ok", 200)
 
-    @app.get("/metrics")
+    @app.get("/metrics", dependencies=[Depends(admin)])
     async def metrics():
         runtime.update_gauges()
         return Response(runtime.metrics.exposition(), media_type=CONTENT_TYPE)
 
-    @app.get("/dashboard")
+    @app.get("/dashboard", dependencies=[Depends(admin)])
     async def dashboard():
         return FileResponse(str(dashboard_dir() / "index.html"), media_type="text/html")
 
-    @app.get("/dashboard/data")
+    @app.get("/dashboard/data", dependencies=[Depends(admin)])
     async def data():
         runtime.update_gauges()
         # off the event loop: the ledger query waits behind the ledger's pending writes
         return JSONResponse(await asyncio.to_thread(dashboard_data.snapshot, runtime))
 
-    @app.get("/dashboard/{name}")
+    @app.get("/dashboard/{name}", dependencies=[Depends(admin)])
     async def static(name: str):
         if name not in DASHBOARD_FILES:
             return Response("not found", 404)

@@ -15,7 +15,9 @@ A pool is one model served by `replicas` engines (`tokenmill serve` processes, o
 configuration (`engine`: `tokenmill serve` flags, snake_case) on one hardware profile (a name, a
 price, and the CPU cores its engines are pinned to: without `cores` the engines share every core,
 time-sliced; with them each pool's engines run on their own cores, the CPU analogue of MIG; pools
-with the same `switch_group` take turns, one awake and the others asleep: see switching.py). An SLO
+with the same `switch_group` take turns, one awake and the others asleep: see switching.py; a pool
+with `models: [{model, path, engine}, ...]` instead of `model` runs each replica as one
+`tokenmill serve-multi` process holding all of them, one awake at a time). An SLO
 class without targets is best effort (`batch`): it waits for idle capacity and is shed first. Any
 unknown or wrong field is an error naming it (`pools.1.hardware.price_per_hour: ...`).
 """
@@ -66,9 +68,41 @@ class RayPool(_Strict):
                                    "+ i on its node (default: a port free on this machine)")
 
 
+def _check_engine(engine: dict[str, Any]) -> dict[str, Any]:
+    reserved = sorted(RESERVED_ENGINE_FLAGS & set(engine))
+    if reserved:
+        raise ValueError(f"{reserved} are set by the fleet, not in `engine`")
+    replica_argv(engine)  # raises naming the flag
+    return engine
+
+
+class PoolModel(_Strict):
+    """One of the models a `models:` pool's engine process holds (tokenmill serve-multi)."""
+    model: str = Field(min_length=1, description="the name requests use in their `model` field")
+    path: str | None = Field(default=None, description="model folder (default: `model`; 'default' = the "
+                                                       "built-in SmolLM2-135M-Instruct)")
+    engine: dict[str, str | int | float | bool | list[str]] = Field(default_factory=dict,
+                                                                     description="flags of this model alone")
+
+    @field_validator("engine")
+    @classmethod
+    def _engine_flags(cls, engine: dict[str, Any]) -> dict[str, Any]:
+        return _check_engine(engine)
+
+    @property
+    def model_path(self) -> str | None:
+        path = self.path or self.model
+        return None if path == "default" else path
+
+
 class Pool(_Strict):
     name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
-    model: str = Field(min_length=1, description="the name requests use in their `model` field")
+    model: str | None = Field(default=None, min_length=1, description="the name requests use in their `model` "
+                              "field (or `models`)")
+    models: list[PoolModel] | None = Field(default=None, min_length=2, description="several models in one "
+                                             "engine process per replica, one awake at a time (sleep mode)")
+    switch_quantum_s: float = Field(default=2.0, ge=0, description="a `models:` pool: how long a request for a "
+                                    "sleeping model waits before the awake one stops taking new requests")
     path: str | None = Field(default=None, description="model folder (default: `model`; 'default' = the "
                                                        "built-in SmolLM2-135M-Instruct)")
     replicas: int = Field(default=1, ge=1, le=64)
@@ -85,14 +119,21 @@ class Pool(_Strict):
     @field_validator("engine")
     @classmethod
     def _engine_flags(cls, engine: dict[str, Any]) -> dict[str, Any]:
-        reserved = sorted(RESERVED_ENGINE_FLAGS & set(engine))
-        if reserved:
-            raise ValueError(f"{reserved} are set by the fleet, not in `engine`")
-        replica_argv(engine)  # raises naming the flag
-        return engine
+        return _check_engine(engine)
 
     @model_validator(mode="after")
     def _launcher(self) -> Pool:
+        if (self.model is None) == (self.models is None):
+            raise ValueError("model, models: give exactly one (one model, or several in one process)")
+        if self.models is not None:
+            names = [m.model for m in self.models]
+            if len(set(names)) != len(names):
+                raise ValueError(f"models: names must be unique, got {names}")
+            if self.path is not None:
+                raise ValueError("path: a `models:` pool gives each model's path in `models`")
+            if self.launcher != "process" or self.switch_group is not None:
+                raise ValueError("models: a pool holding several models is one `launcher: process` engine "
+                                 "process per replica, not in a switch_group")
         if self.launcher == "ray":
             if self.hardware.cores is not None:
                 raise ValueError("hardware.cores: a `launcher: ray` pool is placed by Ray (ray.resources, "
@@ -106,6 +147,15 @@ class Pool(_Strict):
     @property
     def ray_placement(self) -> RayPool:
         return self.ray or RayPool()
+
+    @property
+    def served_models(self) -> list[str]:
+        return [m.model for m in self.models] if self.models is not None else [self.model]
+
+    @property
+    def model_label(self) -> str:
+        """The pool's model(s) as one label: `a` or `a+b`."""
+        return "+".join(self.served_models)
 
     @property
     def model_path(self) -> str | None:
@@ -140,6 +190,11 @@ class FleetConfig(_Strict):
                                     "sleeping pool waits before the awake pool stops taking new requests")
     ray_address: str | None = Field(default=None, description="the Ray cluster of `launcher: ray` pools "
                                     "(default: RAY_ADDRESS or a local `ray start` head)")
+    latency_prediction: Literal["load", "ewma"] = Field(default="load", description="how the router predicts "
+                                                       "a pool's TTFT/TPOT: load = fitted against the requests in "
+                                                       "flight (latency_model.py); ewma = recent average")
+    admin_api_key: str | None = Field(default=None, min_length=1, description="when set, /metrics and /dashboard "
+                                      "need it (Authorization: Bearer KEY, or HTTP Basic with it as password)")
     idle_cost_interval_s: float = Field(default=5.0, gt=0, description="how often pool time is written to the "
                                                                         "ledger (idle cost, utilization)")
 
@@ -163,10 +218,12 @@ class FleetConfig(_Strict):
         keys = [t.api_key for t in self.tenants.values()]
         if len(set(keys)) != len(keys):
             raise ValueError("tenants: two tenants share an api_key")
+        if self.admin_api_key is not None and self.admin_api_key in keys:
+            raise ValueError("admin_api_key: must differ from every tenant's api_key")
         return self
 
     def models(self) -> list[str]:
-        return sorted({p.model for p in self.pools})
+        return sorted({m for p in self.pools for m in p.served_models})
 
     def tenant_by_key(self, api_key: str) -> tuple[str, Tenant] | None:
         for name, t in self.tenants.items():

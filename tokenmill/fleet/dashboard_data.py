@@ -1,38 +1,21 @@
 """The JSON the dashboard polls (/dashboard/data). Every total is read from the same Prometheus
 counters /metrics exports, so the page and /metrics agree; percentiles come from the recent
-samples of each SLO class; the top cost lines from the ledger (all time)."""
+samples of each SLO class; the top cost lines from the ledger (all time); `history`, the time
+series the fleet keeps (timeseries.py: one point per second, the last 10 minutes)."""
 from __future__ import annotations
 
 import math
 import time
 
-from prometheus_client import Metric
-
 from tokenmill.fleet.ledger_summary import request_totals
 from tokenmill.fleet.metrics import percentile
 from tokenmill.fleet.runtime import FleetRuntime
+from tokenmill.fleet.timeseries import gauge_by, per_million, sum_by
 
 TOP_LINES = 10
 
 
-def _samples(metric) -> list:
-    return [s for family in metric.collect() for s in family.samples if not s.name.endswith("_created")]
-
-
-def sum_by(metric, label: str) -> dict[str, float]:
-    """A labelled counter's totals per value of one label."""
-    out: dict[str, float] = {}
-    for s in _samples(metric):
-        out[s.labels[label]] = out.get(s.labels[label], 0.0) + s.value
-    return out
-
-
-def gauge_by(metric: Metric, label: str) -> dict[str, float]:
-    return {s.labels[label]: s.value for s in _samples(metric)}
-
-
-def _per_million(cost: float, tokens: float) -> float | None:
-    return cost / tokens * 1e6 if tokens else None
+_per_million = per_million
 
 
 def _clean(x: float | None) -> float | None:
@@ -59,7 +42,7 @@ def snapshot(rt: FleetRuntime) -> dict:
 
     pools = []
     for p in rt.pools:
-        r = {"name": p.name, "model": p.config.model, "hardware": p.config.hardware.name,
+        r = {"name": p.name, "model": p.config.model_label, "hardware": p.config.hardware.name,
              "cores": p.config.hardware.cores,
              "replicas": [{"name": r.name, "url": r.url, "healthy": r.healthy} for r in p.replicas],
              **row("pool", p.name)}
@@ -78,7 +61,8 @@ def snapshot(rt: FleetRuntime) -> dict:
                         "tpot_p50_s": percentile(tpot, 50), "tpot_p99_s": percentile(tpot, 99),
                         "samples": len(ttft), "queue_length": rt.router.waiting[name]})
     top = request_totals_top(rt)
-    return {"time": time.time(), "pools": pools, "tenants": tenants, "slo_classes": classes, "top_costs": top}
+    return {"time": time.time(), "pools": pools, "tenants": tenants, "slo_classes": classes, "top_costs": top,
+            "history": rt.history.points()}
 
 
 def request_totals_top(rt: FleetRuntime) -> list[dict]:

@@ -61,7 +61,8 @@ class RequestEntry:
     hardware: str
     tenant: str
     slo_class: str
-    status: str  # "ok", or "error" (the request failed after reaching an engine)
+    status: str  # "ok"; "error" (it failed after reaching an engine); "abandoned" (its client left mid-stream:
+    # aborted, billed what the engine charged it until then)
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int

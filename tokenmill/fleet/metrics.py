@@ -19,6 +19,7 @@
 """
 from __future__ import annotations
 
+import time
 from collections import deque
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -84,15 +85,21 @@ class FleetMetrics:
         self.switch_seconds = gauge("switch_group_switch_seconds", "Seconds spent switching (sleep + wake up).",
                                     ("group",))
         self.recent: dict[str, dict[str, deque[float]]] = {}  # slo_class -> {"ttft"|"tpot": samples}
+        # the same with the unix time of each (the dashboard's time series: p99 of the last seconds)
+        self.timed: dict[str, dict[str, deque[tuple[float, float]]]] = {}
 
     def observe_latency(self, pool: str, slo_class: str, ttft_s: float | None, tpot_s: float | None) -> None:
         recent = self.recent.setdefault(slo_class, {"ttft": deque(maxlen=WINDOW), "tpot": deque(maxlen=WINDOW)})
+        timed = self.timed.setdefault(slo_class, {"ttft": deque(maxlen=WINDOW), "tpot": deque(maxlen=WINDOW)})
+        now = time.time()
         if ttft_s is not None:
             self.ttft.labels(pool, slo_class).observe(ttft_s)
             recent["ttft"].append(ttft_s)
+            timed["ttft"].append((now, ttft_s))
         if tpot_s is not None:
             self.tpot.labels(pool, slo_class).observe(tpot_s)
             recent["tpot"].append(tpot_s)
+            timed["tpot"].append((now, tpot_s))
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

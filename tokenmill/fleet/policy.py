@@ -30,6 +30,10 @@ class PoolLoad:
     ttft_s: float | None = None  # recent TTFT at the pool (EWMA); None: not observed yet
     tpot_s: float | None = None
     service_s: float | None = None  # recent time a request holds a slot (EWMA)
+    models: tuple[str, ...] = ()  # a pool holding several models (one process each): all of them
+
+    def serves(self, model: str) -> bool:
+        return model in self.models if self.models else model == self.model
 
     @property
     def capacity(self) -> int:
@@ -114,7 +118,7 @@ def _load(pool: PoolLoad) -> float:
 def choose_pool(model: str, targets: Targets, pools: list[PoolLoad], limits: RouterLimits = RouterLimits(),
                 queue_has_room: bool = True) -> Decision:
     """Where a request of this model and class goes now (or whether it waits or is shed)."""
-    serving = [p for p in pools if p.model == model and p.replicas > 0]
+    serving = [p for p in pools if p.serves(model) and p.replicas > 0]
     if not serving:
         return Decision(Action.SHED, Reason.NO_POOL)
     if targets.best_effort:
@@ -145,5 +149,5 @@ def _route(pool: PoolLoad, reason: Reason) -> Decision:
 
 def retry_after_s(pools: list[PoolLoad], model: str) -> int:
     """Seconds a shed client should wait: about one service time of the model's pools (1..60)."""
-    times = [p.service_s for p in pools if p.model == model and p.service_s]
+    times = [p.service_s for p in pools if p.serves(model) and p.service_s]
     return int(min(60, max(1, round(min(times))))) if times else 1

@@ -3,11 +3,16 @@
 A stream is passed through line by line as the replica sends it. The fleet always asks the
 replica for the final usage chunk (`stream_options.include_usage`), reads it for the ledger, and
 drops it again when the client did not ask for it. Whatever way the request ends (done, failed,
-client gone), `on_done(usage, status)` runs exactly once.
+client gone), `on_done(usage, status)` runs exactly once. A stream that ends before its last
+chunk because the client left (disconnect, timeout) is *abandoned*: the fleet asks the replica to
+abort it (`POST /abort_request` by X-Request-Id) and bills what the engine had charged it by then,
+in a task of its own (the response's own task is being cancelled).
 """
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
@@ -19,6 +24,8 @@ from tokenmill.fleet.runtime import Usage
 
 OnDone = Callable[[Usage, str, float], Awaitable[None]]
 FORWARDED_HEADERS = ("x-request-id",)
+logger = logging.getLogger(__name__)
+_billing: set[asyncio.Task] = set()  # abandoned requests being billed (kept referenced until done)
 
 
 def _headers(lease: Lease, extra: dict[str, str]) -> dict[str, str]:
@@ -69,9 +76,9 @@ async def _forward_stream(client: httpx.AsyncClient, lease: Lease, path: str, bo
                         media_type=resp.headers.get("content-type"))
 
     async def lines() -> AsyncIterator[str]:
-        usage, status = None, "aborted"  # until the stream's end is seen
+        usage, status = None, "abandoned"  # until the stream's end is seen
         try:
-            async for line in resp.aiter_lines():
+            async for line in _upstream_lines(resp):
                 if line.startswith("data: {"):
                     event = _json(line[6:])
                     if event is not None and "error" in event:
@@ -80,14 +87,53 @@ async def _forward_stream(client: httpx.AsyncClient, lease: Lease, path: str, bo
                         usage = event["usage"]
                         if not client_wants_usage:
                             continue
-                elif line.startswith("data: [DONE]") and status == "aborted":
+                elif line.startswith("data: [DONE]") and status == "abandoned":
                     status = "ok"
                 yield line + "\n"
+        except _UpstreamError:
+            status = "error"
+            raise
         finally:
             await resp.aclose()
-            await on_done(Usage.from_body(usage), status, time.monotonic() - start)
+            if status == "abandoned" and usage is None:
+                task = asyncio.get_running_loop().create_task(
+                    _bill_abandoned(client, lease, fwd.get("x-request-id"), on_done, start))
+                _billing.add(task)
+                task.add_done_callback(_billing.discard)
+            else:
+                await on_done(Usage.from_body(usage), status, time.monotonic() - start)
 
     return StreamingResponse(lines(), media_type="text/event-stream", headers=_headers(lease, out_headers))
+
+
+class _UpstreamError(Exception):
+    """The replica's stream broke (not the client's)."""
+
+
+async def _upstream_lines(resp: httpx.Response) -> AsyncIterator[str]:
+    try:
+        async for line in resp.aiter_lines():
+            yield line
+    except httpx.HTTPError as e:
+        raise _UpstreamError(str(e)) from e
+
+
+async def _bill_abandoned(client: httpx.AsyncClient, lease: Lease, request_id: str | None, on_done: OnDone,
+                          start: float) -> None:
+    """The client left mid-stream: abort the request on its replica and bill what it used."""
+    usage = None
+    if request_id:
+        try:
+            r = await client.post(lease.replica.url + "/abort_request", json={"request_id": request_id},
+                                  timeout=30.0)
+            if r.status_code == 200:
+                usage = r.json().get("usage")
+            else:
+                logger.warning("abandoned request %s: replica %s answered %d", request_id, lease.replica.name,
+                               r.status_code)
+        except (httpx.HTTPError, ValueError) as e:
+            logger.warning("abandoned request %s: no usage from replica %s: %s", request_id, lease.replica.name, e)
+    await on_done(Usage.from_body(usage), "abandoned", time.monotonic() - start)
 
 
 def _json(text: str) -> dict | None:

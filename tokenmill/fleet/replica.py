@@ -12,6 +12,7 @@ import asyncio
 import ctypes
 import logging
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -75,19 +76,30 @@ class Replica:
     def url(self) -> str:
         raise NotImplementedError
 
+    @property
+    def server_module(self) -> str:
+        """What the replica runs: `tokenmill serve`, or `tokenmill serve-multi` for a `models:` pool."""
+        return "tokenmill.server.multi_launch" if self.pool.models is not None else "tokenmill.server"
+
     def engine_args(self) -> list[str]:
-        """`tokenmill serve` flags (no host or port) for this pool's engine."""
+        """`tokenmill serve` (or serve-multi) flags (no host or port) for this pool's engine."""
         p = self.pool
-        args = [p.model_path] if p.model_path is not None else []
         engine = dict(p.engine)
         threads = len(p.hardware.cores) if p.hardware.cores else None
         if p.launcher == "ray":
             threads = max(1, int(p.ray_placement.num_cpus))
         if threads and "num_threads" not in engine:
             engine["num_threads"] = threads
+        common = ["--price-per-hour", str(p.hardware.price_per_hour), "--disable-access-log", "--public-metrics"]
+        if p.models is not None:
+            args = []
+            for m in p.models:
+                own = ([m.model_path] if m.model_path is not None else []) + replica_argv({**engine, **m.engine})
+                args += ["--model", f"{m.model}={shlex.join(own)}"]
+            return args + ["--switch-quantum-s", str(p.switch_quantum_s), *common]
+        args = [p.model_path] if p.model_path is not None else []
         args += replica_argv(engine)
-        args += ["--served-model-name", p.model, "--price-per-hour", str(p.hardware.price_per_hour),
-                 "--disable-access-log", "--public-metrics"]
+        args += ["--served-model-name", p.model, *common]
         if p.switch_group is not None:
             args.append("--enable-sleep-mode")
         return args
@@ -153,7 +165,7 @@ class ReplicaProcess(Replica):
         return f"http://127.0.0.1:{self.port}"
 
     def argv(self) -> list[str]:
-        return [sys.executable, "-m", "tokenmill.server", *self.engine_args(), "--host", "127.0.0.1",
+        return [sys.executable, "-m", self.server_module, *self.engine_args(), "--host", "127.0.0.1",
                 "--port", str(self.port)]
 
     def start(self) -> None:

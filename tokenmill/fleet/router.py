@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 import httpx
 
 from tokenmill.fleet.config import FleetConfig, Pool
+from tokenmill.fleet.latency_model import LoadLatencyModel
 from tokenmill.fleet.policy import (Action, Decision, PoolLoad, Reason, RouterLimits, Targets, choose_pool,
                                     retry_after_s)
 from tokenmill.fleet.replica import Replica
@@ -43,9 +44,12 @@ class PoolRuntime:
     config: Pool
     replicas: list[Replica]
     in_flight: dict[str, int] = field(default_factory=dict)  # replica name -> requests
-    ttft_s: float | None = None
+    ttft_s: float | None = None  # EWMA of recent requests
     tpot_s: float | None = None
     service_s: float | None = None
+    prediction: str = "load"  # "load": latency_model.py (TTFT/TPOT vs requests in flight); "ewma"
+    ttft_model: LoadLatencyModel = field(default_factory=LoadLatencyModel)
+    tpot_model: LoadLatencyModel = field(default_factory=LoadLatencyModel)
 
     @property
     def name(self) -> str:
@@ -55,17 +59,27 @@ class PoolRuntime:
         return [r for r in self.replicas if r.healthy]
 
     def load(self) -> PoolLoad:
-        return PoolLoad(self.name, self.config.model, self.config.hardware.price_per_hour, len(self.healthy()),
-                        self.config.max_concurrency, sum(self.in_flight.values()), self.ttft_s, self.tpot_s,
-                        self.service_s)
+        """The pool now; ttft_s / tpot_s: what a request admitted now is predicted to see."""
+        n = sum(self.in_flight.values())
+        ttft, tpot = self.ttft_s, self.tpot_s
+        if self.prediction == "load":
+            per_replica = (n + 1) / max(1, len(self.healthy()))  # the least loaded replica takes it
+            ttft, tpot = self.ttft_model.predict(per_replica), self.tpot_model.predict(per_replica)
+        return PoolLoad(self.name, self.config.model_label, self.config.hardware.price_per_hour,
+                        len(self.healthy()), self.config.max_concurrency, n, ttft, tpot, self.service_s,
+                        tuple(self.config.served_models))
 
     def pick_replica(self) -> Replica:
         return min(self.healthy(), key=lambda r: (self.in_flight.get(r.name, 0), r.index))
 
-    def observe(self, ttft_s: float | None, tpot_s: float | None, service_s: float | None) -> None:
+    def observe(self, ttft_s: float | None, tpot_s: float | None, service_s: float | None,
+                load: float = 1.0) -> None:
+        """A request finished; `load`: the requests in flight on its replica when it was admitted."""
         self.ttft_s = _ewma(self.ttft_s, ttft_s)
         self.tpot_s = _ewma(self.tpot_s, tpot_s)
         self.service_s = _ewma(self.service_s, service_s)
+        self.ttft_model.observe(load, ttft_s)
+        self.tpot_model.observe(load, tpot_s)
 
 
 @dataclass
@@ -75,6 +89,8 @@ class Lease:
     replica: Replica
     decision: Decision
     queued_s: float = 0.0
+    model: str = ""  # the request's model (a pool may hold several)
+    load: int = 1  # requests in flight on its replica when it was admitted, itself included
 
 
 class Shed(Exception):
@@ -90,6 +106,8 @@ class Router:
         self.config = config
         self.on_decision = on_decision
         self.pools = {p.name: p for p in pools}
+        for p in pools:
+            p.prediction = config.latency_prediction
         self.limits = limits
         self.targets = {name: Targets(c.ttft_ms / 1e3 if c.ttft_ms else None, c.tpot_ms / 1e3 if c.tpot_ms else None)
                         for name, c in config.slo_classes.items()}
@@ -121,7 +139,7 @@ class Router:
                     group = self.groups.get(d.pool)
                     if group is None or group.admits(d.pool):
                         self._count(slo_class, d)
-                        return self._lease(d, loop.time() - start)
+                        return self._lease(d, loop.time() - start, model)
                     if turn is None or turn[1] != d.pool:
                         self._leave_turn(turn)
                         turn = (group, d.pool, time.monotonic())
@@ -163,11 +181,11 @@ class Router:
             except asyncio.TimeoutError:
                 return False
 
-    def _lease(self, d: Decision, queued_s: float) -> Lease:
+    def _lease(self, d: Decision, queued_s: float, model: str = "") -> Lease:
         pool = self.pools[d.pool]
         replica = pool.pick_replica()
         pool.in_flight[replica.name] = pool.in_flight.get(replica.name, 0) + 1
-        return Lease(pool, replica, d, queued_s)
+        return Lease(pool, replica, d, queued_s, model, pool.in_flight[replica.name])
 
     def _count(self, slo_class: str, d: Decision) -> None:
         self.decisions[(slo_class, d.pool or "", d.reason.value)] += 1
@@ -180,7 +198,7 @@ class Router:
         `notify()` wakes the waiting requests."""
         pool = lease.pool
         pool.in_flight[lease.replica.name] -= 1
-        pool.observe(ttft_s, tpot_s, service_s)
+        pool.observe(ttft_s, tpot_s, service_s, lease.load)
 
     async def notify(self) -> None:
         async with self._changed:

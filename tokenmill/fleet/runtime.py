@@ -23,6 +23,7 @@ from tokenmill.fleet.policy import Decision
 from tokenmill.fleet.replica import Replica, make_replica
 from tokenmill.fleet.router import Lease, PoolRuntime, Router
 from tokenmill.fleet.switching import SwitchGroup
+from tokenmill.fleet.timeseries import SeriesRing, point
 
 logger = logging.getLogger(__name__)
 BUSY = "tokenmill:engine_busy_seconds_total"
@@ -71,6 +72,7 @@ class FleetRuntime:
         self.client = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=10.0),
                                         limits=httpx.Limits(max_connections=1000, max_keepalive_connections=100))
         self.groups = self._switch_groups()
+        self.history = SeriesRing()  # the dashboard's time series, a point per scrape
         self._clocks: dict[str, _Clock] = {}
         self._wall: dict[str, float] = {}  # replica -> wall seconds billed since the fleet started
         self._busy: dict[str, float] = {}
@@ -117,7 +119,7 @@ class FleetRuntime:
         self._tasks = [asyncio.create_task(self._every(SCRAPE_INTERVAL_S, self.scrape)),
                        asyncio.create_task(self._every(self.config.idle_cost_interval_s, self.bill_pool_time))]
         self.started = True
-        logger.info("fleet ready: %s", ", ".join(f"{p.name} ({p.config.model}, {len(p.replicas)} replica(s))"
+        logger.info("fleet ready: %s", ", ".join(f"{p.name} ({p.config.model_label}, {len(p.replicas)} replica(s))"
                                                   for p in self.pools))
 
     async def _every(self, interval: float, fn) -> None:
@@ -135,6 +137,8 @@ class FleetRuntime:
                     self.metrics.restarts.labels(p.name).inc()
         await asyncio.gather(*(r.scrape(self.client) for r in self.replicas()))
         self.update_gauges()
+        self.history.add(point(self.metrics, [p.name for p in self.pools], list(self.config.slo_classes),
+                               list(self.config.tenants), dict(self.router.waiting)))
 
     def update_gauges(self) -> None:
         m = self.metrics
@@ -178,7 +182,7 @@ class FleetRuntime:
                 self._wall[r.name] = self._wall.get(r.name, 0.0) + wall
                 self._busy[r.name] = self._busy.get(r.name, 0.0) + busy
                 hw = p.config.hardware
-                self.ledger.record_pool_time(PoolTimeEntry(now_u, p.name, r.name, p.config.model, hw.name,
+                self.ledger.record_pool_time(PoolTimeEntry(now_u, p.name, r.name, p.config.model_label, hw.name,
                                                            hw.price_per_hour, wall, busy))
         self.update_gauges()
 
@@ -188,12 +192,13 @@ class FleetRuntime:
         pool, replica = lease.pool, lease.replica
         self.router.release(lease, usage.ttft_s, usage.tpot_s, e2e_s if status == "ok" else None)
         hw = pool.config.hardware
-        entry = RequestEntry(time.time(), request_id, pool.config.model, pool.name, replica.name, hw.name, tenant,
+        model = lease.model or pool.config.model_label
+        entry = RequestEntry(time.time(), request_id, model, pool.name, replica.name, hw.name, tenant,
                              slo_class, status, usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens,
                              usage.prefill_device_seconds, usage.decode_device_seconds, hw.price_per_hour,
                              usage.ttft_s, usage.tpot_s, e2e_s)
         self.ledger.record_request(entry)
-        m, labels = self.metrics, (pool.config.model, pool.name, tenant, slo_class)
+        m, labels = self.metrics, (model, pool.name, tenant, slo_class)
         m.requests.labels(*labels, status).inc()
         m.prompt_tokens.labels(*labels).inc(usage.prompt_tokens)
         m.gen_tokens.labels(*labels).inc(usage.completion_tokens)

@@ -3,7 +3,8 @@
 Routes: POST /v1/completions, POST /v1/chat/completions (JSON or SSE with `stream`), GET /v1/models,
 POST /tokenize and /detokenize (vLLM's), with --enable-sleep-mode POST /sleep, POST /wake_up, GET
 /is_sleeping (vLLM's sleep mode: the KV cache released, weights kept; 409 while requests are unfinished),
-GET /v1/kv/events (the prefix cache's stored/evicted block hashes, for KV-aware routers),
+POST /abort_request (abort one request by its X-Request-Id and answer its usage: a fleet billing
+an abandoned request), GET /v1/kv/events (the prefix cache's stored/evicted block hashes, for KV-aware routers),
 GET /health (503 while loading, shutting down, or after the engine loop died), GET /metrics
 (Prometheus text). Every error is an OpenAI error body {"error": {message, type, param, code}}.
 Serving the process (`run_server`, `main`, SIGTERM) is in launch.py.
@@ -20,7 +21,7 @@ from typing import Any
 
 from fastapi import FastAPI
 from starlette.middleware.cors import CORSMiddleware
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
@@ -30,6 +31,7 @@ from tokenmill.server import cli_args
 from tokenmill.server.errors import add_exception_handlers, validation_error
 from tokenmill.server.middleware import GuardMiddleware
 from tokenmill.server.openapi import install_openapi, json_body
+from tokenmill.server.serving import ended_usage_body
 from tokenmill.server.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 from tokenmill.server.state import ServerState
 
@@ -68,7 +70,7 @@ def build_app(engine_client: EngineSource, *,
     _add_routes(app, state)
     if enable_sleep_mode:
         _add_sleep_routes(app, state)
-    install_openapi(app, [CompletionRequest, ChatCompletionRequest, TokenizeRequest, DetokenizeRequest])
+    install_openapi(app, [CompletionRequest, ChatCompletionRequest, TokenizeRequest, DetokenizeRequest, AbortRequest])
     return app
 
 
@@ -120,6 +122,12 @@ def _call_soon(loop: asyncio.AbstractEventLoop, fn: Callable, *args) -> None:
         pass
 
 
+class AbortRequest(BaseModel):
+    """POST /abort_request's body (a tokenmill extension)."""
+    model_config = ConfigDict(extra="forbid")
+    request_id: str = Field(min_length=1, max_length=128, description="the X-Request-Id of the request")
+
+
 def _add_routes(app: FastAPI, state: ServerState) -> None:
     async def parse(request: Request, model: type[BaseModel]) -> tuple[Any, float]:
         arrival = time.monotonic()
@@ -162,6 +170,17 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
         return {"object": "list", "data": [
             {"id": name, "object": "model", "created": state.started_at, "owned_by": "tokenmill", "root": root,
              "max_model_len": state.engine.max_model_len} for name in state.served_model_names]}
+
+    @app.post("/abort_request", openapi_extra=json_body(AbortRequest))
+    async def abort_request(request: Request):
+        """Abort the engine requests of one HTTP request (by its X-Request-Id) if they still run, and
+        answer what they used: how a fleet bills a request whose client left mid-stream."""
+        req, _ = await parse(request, AbortRequest)
+        http_id = req.request_id
+        ids = state.request_ids.get(http_id) or []  # none: not a recent request here (found: false, usage 0)
+        usages = [u for u in await state.engine.abort_with_usage(ids) if u is not None] if ids else []
+        return {"request_id": http_id, "found": bool(ids), "aborted": any(u.aborted for u in usages),
+                "complete": bool(ids) and len(usages) == len(ids), "usage": ended_usage_body(usages)}
 
     @app.get("/v1/kv/events")
     async def kv_events(since: int = 0):

@@ -43,6 +43,7 @@ class OpenAIServingChat(OpenAIServing):
         prompt_ids = await self._prompt_ids(req, tools.prompt_tools)
         rid = f"chatcmpl-{uuid.uuid4().hex}"
         stream = await self._add([(rid, {"prompt_token_ids": prompt_ids}, params)], arrival, aliases)
+        self._remember_ids(raw, [rid])
         created = int(time.time())
         if req.stream:
             return EventStream(self._stream(stream, rid, created, req, tools), on_close=stream.abort)

@@ -38,6 +38,7 @@ class OpenAIServingCompletion(OpenAIServing):
         base = f"cmpl-{uuid.uuid4().hex}"
         ids = [f"{base}-{i}" for i in range(len(prompts))]
         stream = await self._add(list(zip(ids, engine_prompts, [params] * len(prompts))), arrival, aliases)
+        self._remember_ids(raw, ids)
         created = int(time.time())
         if req.stream:
             return EventStream(self._stream(stream, ids, base, created, req, echoes), on_close=stream.abort)

@@ -8,6 +8,7 @@ from typing import Any
 from starlette.requests import Request
 
 from tokenmill.engine.async_engine import AsyncLLMEngine
+from tokenmill.engine.ended_usage import EndedUsage, RecentMap
 from tokenmill.engine.request_stream import RequestStream
 from tokenmill.request import RequestOutput
 from tokenmill.sampling_params import SamplingParams, StructuredOutputsParams
@@ -32,10 +33,18 @@ _SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "presence_penalty"
 class OpenAIServing:
     log_prompts = False  # --log-prompts: otherwise no prompt text or ids ever reach the log
 
-    def __init__(self, engine: AsyncLLMEngine, served_model_names: list[str], tokenizer: PromptTokenizer) -> None:
+    def __init__(self, engine: AsyncLLMEngine, served_model_names: list[str], tokenizer: PromptTokenizer,
+                 request_ids: RecentMap[str, list[str]] | None = None) -> None:
         self.engine = engine
         self.served_model_names = list(served_model_names)
         self.tokenizer = tokenizer
+        # X-Request-Id -> the engine's request ids (POST /abort_request finds them here)
+        self.request_ids = request_ids if request_ids is not None else RecentMap()
+
+    def _remember_ids(self, raw: Request | None, ids: list[str]) -> None:
+        http_id = raw.scope.get("state", {}).get("request_id") if raw is not None else None
+        if http_id:
+            self.request_ids.record(http_id, ids)
 
     @property
     def model_name(self) -> str:
@@ -122,6 +131,17 @@ def engine_usage(outputs: list[RequestOutput]) -> dict:
             "decode_device_seconds": sum(m.decode_device_seconds for m in ms),
             "ttft_s": max(ttfts) if ttfts else None,
             "tpot_s": sum(tpots) / len(tpots) if tpots else None}
+
+
+def ended_usage_body(usages: list[EndedUsage]) -> dict:
+    """`usage` (with usage.tokenmill's device-seconds) of ended requests, aborted ones included."""
+    prompt = sum(u.prompt_tokens for u in usages)
+    completion = sum(u.completion_tokens for u in usages)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": sum(u.cached_tokens for u in usages)},
+            "tokenmill": {"prefill_device_seconds": sum(u.prefill_device_seconds for u in usages),
+                          "decode_device_seconds": sum(u.decode_device_seconds for u in usages),
+                          "ttft_s": None, "tpot_s": None}}
 
 
 def kv_transfer_field(outputs: list[RequestOutput]) -> dict:

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from tokenmill.engine.async_engine import AsyncLLMEngine
+from tokenmill.engine.ended_usage import RecentMap
 from tokenmill.metrics.log_stats import LoggingStatLogger
 from tokenmill.metrics.prometheus import PrometheusStatLogger
 from tokenmill.server.chat import OpenAIServingChat
@@ -47,6 +48,7 @@ class ServerState:
     draining: bool = False
     on_fatal: Callable[[], None] | None = None  # run_server: stop the process
     started_at: int = field(default_factory=lambda: int(time.time()))
+    request_ids: RecentMap[str, list[str]] = field(default_factory=RecentMap)  # X-Request-Id -> engine ids
 
     # -- engine ---------------------------------------------------------------------------------
     def attach(self, engine: AsyncLLMEngine) -> None:
@@ -63,8 +65,8 @@ class ServerState:
         # only the name is read here: the engine thread owns the engine's tokenizer object
         self.tokenizer = PromptTokenizer(engine.tokenizer.name_or_path, self.chat_template)
         self.tokenizer.warm_up()
-        self.completion = OpenAIServingCompletion(engine, names, self.tokenizer)
-        self.chat = OpenAIServingChat(engine, names, self.tokenizer)
+        self.completion = OpenAIServingCompletion(engine, names, self.tokenizer, self.request_ids)
+        self.chat = OpenAIServingChat(engine, names, self.tokenizer, self.request_ids)
         self.tokenization = OpenAIServingTokenization(engine, names, self.tokenizer)
         self.completion.log_prompts = self.chat.log_prompts = self.log_prompts
         self.engine = engine

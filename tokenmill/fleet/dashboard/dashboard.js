@@ -3,7 +3,7 @@
 (() => {
 "use strict";
 
-const {barChart, table} = window.TokenmillCharts;
+const {barChart, lineChart, table} = window.TokenmillCharts;
 const REFRESH_MS = Number(new URLSearchParams(location.search).get("refresh")) || 2000;
 
 function names(rows) { return rows.map(r => r.name); }
@@ -32,6 +32,7 @@ function render(d) {
     labels: qLabels, unit: "requests",
     series: [{name: "waiting", values: col(d.slo_classes, "queue_length").concat(col(d.pools, "engine_waiting"))},
              {name: "in flight", values: d.slo_classes.map(() => null).concat(col(d.pools, "in_flight"))}]});
+  renderHistory(d);
   table(document.getElementById("pools-table"), d.pools, [
     {key: "name", title: "pool"}, {key: "model", title: "model"}, {key: "hardware", title: "hardware"},
     {key: "price_per_hour", title: "$/hour"}, {key: "requests", title: "requests"},
@@ -49,6 +50,29 @@ function render(d) {
   const status = document.getElementById("status");
   status.textContent = `updated ${new Date(d.time * 1000).toLocaleTimeString()}`;
   status.dataset.updated = String(d.time);
+}
+
+// the fleet's ring buffer of points (one a second): one line per key of point[field]
+function lines(history, field, keys) {
+  return keys.map(k => ({name: k, values: history.map(p => (p[field] || {})[k] ?? null)}));
+}
+
+function renderHistory(d) {
+  const h = d.history || [], times = h.map(p => p.t);
+  const last = h.length ? h[h.length - 1] : {};
+  const keysOf = field => Object.keys(last[field] || {});
+  lineChart(document.getElementById("ts-cost-pool"), {times, unit: "USD / 1M tokens",
+    series: lines(h, "pool_usd_per_1m", keysOf("pool_usd_per_1m"))});
+  lineChart(document.getElementById("ts-cost-tenant"), {times, unit: "USD / 1M tokens",
+    series: lines(h, "tenant_usd_per_1m", keysOf("tenant_usd_per_1m"))});
+  for (const metric of ["ttft", "tpot"]) {
+    const classes = d.slo_classes.filter(c => c[`${metric}_target_s`] != null).map(c => c.name);
+    lineChart(document.getElementById(`ts-${metric}`), {times, unit: "seconds",
+      series: lines(h, `${metric}_p99_s`, classes),
+      targets: d.slo_classes.map(c => ({name: c.name, value: c[`${metric}_target_s`]}))});
+  }
+  lineChart(document.getElementById("ts-queues"), {times, unit: "requests", series: lines(h, "queue", keysOf("queue"))});
+  lineChart(document.getElementById("ts-kv"), {times, unit: "fraction", max: 1, series: lines(h, "kv_usage", keysOf("kv_usage"))});
 }
 
 async function refresh() {
