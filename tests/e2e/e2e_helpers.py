@@ -37,6 +37,19 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def two_free_ports() -> int:
+    """p such that p and p + 1 are free on loopback (engines take consecutive ports)."""
+    for _ in range(50):
+        p = free_port()
+        try:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", p + 1))
+            return p
+        except OSError:
+            continue
+    raise OSError("no two consecutive free ports")
+
+
 class ServerProcess:
     """One `python -m tokenmill.server` process; `start()` returns at once, `wait_ready()` waits
     for /health to say 200 (and records every status it saw on the way)."""

@@ -21,25 +21,13 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import openai
 import pytest
-from e2e_helpers import REPO, SLOW_STEP_ENV, TINY_ENGINE_ARGS, free_port
+from e2e_helpers import REPO, SLOW_STEP_ENV, TINY_ENGINE_ARGS, free_port, two_free_ports
 from test_disagg import metric, wait_no_blocks
+
+from tokenmill.disagg.launchers import wait_healthy
 
 PROMPTS = [[(7 * i + k) % 500 + 3 for i in range(120)] for k in range(4)] + [[11, 12, 13, 14, 15]]
 MAX_TOKENS = 24
-
-
-def two_free_ports() -> int:
-    for _ in range(50):
-        p = free_port()
-        if p < 65000:
-            try:
-                import socket
-                with socket.socket() as s:
-                    s.bind(("127.0.0.1", p + 1))
-                return p
-            except OSError:
-                continue
-    raise RuntimeError("no two consecutive free ports")
 
 
 @pytest.fixture(scope="module")
@@ -60,16 +48,7 @@ def cluster(tiny_llama, tmp_path_factory):
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 240
-        while True:
-            assert proc.poll() is None, (tmp / "cluster.log").read_text()[-3000:]
-            assert time.monotonic() < deadline, "cluster not healthy"
-            try:
-                if httpx.get(url + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
+        wait_healthy(url, lambda: None if proc.poll() is None else (tmp / "cluster.log").read_text()[-3000:], 240)
         yield {"url": url, "engines": [f"http://127.0.0.1:{first}", f"http://127.0.0.1:{first + 1}"],
                "log": tmp / "cluster.log"}
     finally:

@@ -15,13 +15,12 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import time
 
 import httpx
 import openai
 import pytest
-from e2e_helpers import TINY_ENGINE_ARGS, InProcessServer, listen_addresses
+from e2e_helpers import TINY_ENGINE_ARGS, InProcessServer, listen_addresses, two_free_ports
 
 ray = pytest.importorskip("ray")  # the test extra installs it: this skip is for bare installs only
 
@@ -47,21 +46,6 @@ PROMPT = [(7 * i) % 500 + 3 for i in range(150)]  # token ids: over the router's
 def ray_cluster():
     with local_ray_cluster(["node_a", "node_b"], num_cpus=1, object_store_mb=100) as cluster:
         yield cluster
-
-
-def two_free_ports() -> int:
-    """p such that p and p + 1 are free on loopback."""
-    for _ in range(50):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            p = s.getsockname()[1]
-        try:
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", p + 1))
-            return p
-        except OSError:
-            continue
-    raise OSError("no two consecutive free ports")
 
 
 def tokens(url: str, prompt: list[int], api_key: str = "x", max_tokens: int = 16, model: str = "tiny") -> list[int]:

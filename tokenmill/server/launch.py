@@ -104,7 +104,7 @@ def run_server(args: argparse.Namespace) -> int:
                                timeout_graceful_shutdown=args.shutdown_timeout + 5.0,
                                # h11 answers a plain 400 past its own limit: keep it well above ours (431)
                                h11_max_incomplete_event_size=max(4 * args.max_request_header_bytes, 256 << 10))
-    server = _Server(uv_config, _drain_on_signal(state))
+    server = _Server(uv_config, drain_on_signal(state.begin_drain))
     state.on_fatal = lambda: setattr(server, "should_exit", True)
     try:
         server.run()
@@ -115,13 +115,14 @@ def run_server(args: argparse.Namespace) -> int:
     return 1 if state.load_error is not None else 0
 
 
-def _drain_on_signal(state: ServerState) -> Callable[[int], None]:
+def drain_on_signal(begin_drain: Callable[[], None]) -> Callable[[int], None]:
+    """A SIGTERM/SIGINT handler that starts draining on the serving loop."""
     def on_signal(sig: int) -> None:
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
             return
-        loop.call_soon_threadsafe(state.begin_drain)
+        loop.call_soon_threadsafe(begin_drain)
 
     return on_signal
 

@@ -11,7 +11,6 @@ and --chat-template, checked by serve's own parser. Server flags are given once,
 from __future__ import annotations
 
 import argparse
-import asyncio
 import shlex
 import sys
 import threading
@@ -21,7 +20,7 @@ import uvicorn
 from tokenmill import logger as tm_logger
 from tokenmill.server import cli_args
 from tokenmill.server.app import build_app
-from tokenmill.server.launch import SWITCH_INTERVAL_S, _Server
+from tokenmill.server.launch import SWITCH_INTERVAL_S, _Server, drain_on_signal
 from tokenmill.server.multi_model import HostedModel, MultiModelApp
 
 # flags of the whole process: refused inside a --model spec
@@ -103,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, lifespan="on",
                             log_config=tm_logger.uvicorn_log_config(args.log_level),
                             access_log=not args.disable_access_log)
-    server = _Server(config, _drain_on_signal(app))
+    server = _Server(config, drain_on_signal(app.begin_drain))
     try:
         server.run()
     except SystemExit as e:
@@ -111,17 +110,6 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         return 130
     return 0 if app.ready else 1
-
-
-def _drain_on_signal(app: MultiModelApp):
-    def on_signal(sig: int) -> None:
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
-            return
-        loop.call_soon_threadsafe(app.begin_drain)
-
-    return on_signal
 
 
 def main(argv: list[str] | None = None) -> int:
