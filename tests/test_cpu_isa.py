@@ -65,6 +65,50 @@ def test_float32_panel_linear_every_level(level, m, restore_isa):
     assert rel_err(y, F.linear(x.double(), w.double(), bias.double())) < 1e-5
 
 
+def _decode_reference(q, cache, tables, lens, block_size, window=0):
+    """Float64 softmax attention of each sequence's visible tokens, read from the paged cache."""
+    b_, h, d = q.shape
+    hkv = cache[0].shape[1]
+    out = torch.empty(b_, h, d, dtype=torch.float64)
+    for b in range(b_):
+        pos = torch.arange(max(0, int(lens[b]) - window) if window else 0, int(lens[b]))
+        slots = tables[b][pos // block_size] * block_size + pos % block_size
+        k, v = (c[slots].double().repeat_interleave(h // hkv, 1) for c in cache)
+        p = (torch.einsum("hd,lhd->hl", q[b].double(), k) * d ** -0.5).softmax(-1)
+        out[b] = torch.einsum("hl,lhd->hd", p, v)
+    return out
+
+
+@pytest.mark.parametrize("level", ["avx512", "avx2", "scalar"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("heads,kv_heads,d", [(9, 3, 64), (8, 8, 32), (16, 2, 128), (12, 4, 96), (10, 2, 64),
+                                              (4, 2, 40)])
+def test_paged_decode_every_level(level, dtype, heads, kv_heads, d, restore_isa):
+    """Every level against float64 (1e-5 absolute: outputs are averages of N(0, 1) values); 5 query
+    heads per KV head and head size 40 have no AVX-512 kernel and take the AVX2 loops on that level.
+    Lengths cover a lone token, partial and whole 16-token tiles, and a sliding window."""
+    if level not in runnable_levels():
+        pytest.skip(f"this CPU cannot run {level}")
+    cpu_ops.set_isa(level)
+    g = torch.Generator().manual_seed(heads * d)
+    bs, nblocks = 16, 120
+    cache = tuple(torch.randn(nblocks * bs, kv_heads, d, generator=g).to(dtype) for _ in range(2))
+    lens = torch.tensor([1, 2, 15, 16, 17, 33, 200, 5])
+    tables = torch.randperm(nblocks, generator=g)[:8 * 13].view(8, 13).contiguous()
+    q = torch.randn(8, heads, d, generator=g)
+    threads = torch.get_num_threads()
+    try:
+        for window in (0, 20):
+            # 8 sequences on 1 thread: one sequence per task; 3 on 2 threads: KV heads split across tasks
+            for n, t in ((8, 1), (3, 2)):
+                torch.set_num_threads(t)
+                out = cpu_ops.paged_decode(q[:n], cache, tables[:n], lens[:n], bs, d ** -0.5, window)
+                ref = _decode_reference(q[:n], cache, tables[:n], lens[:n], bs, window)
+                assert (out.double() - ref).abs().max() < 1e-5
+    finally:
+        torch.set_num_threads(threads)
+
+
 def test_set_isa_caps_at_what_the_cpu_has(restore_isa):
     best = runnable_levels()[0]
     assert cpu_ops.set_isa("auto") == best

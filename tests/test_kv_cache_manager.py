@@ -104,6 +104,20 @@ def test_lru_eviction_and_reuse_of_freed_cached_blocks():
     check_invariants(kv)
 
 
+def test_blocks_without_a_cached_prefix_are_reused_first():
+    kv = KVCacheManager(num_blocks=6, block_size=2, watermark=0)
+    a = _req("a", [1, 2, 3, 4, 5])  # 2 full blocks (cached) + 1 partial one (never cached)
+    assert kv.allocate_slots(a, 5)
+    kv.cache_blocks(a, 5)
+    ids = [b.block_id for b in kv.req_blocks["a"]]
+    kv.free(a)
+    check_invariants(kv)
+    # the partial block comes back first (its memory is warm); the cached ones are evicted last
+    assert kv.pool.allocate(1)[0].block_id == ids[2]
+    assert [b.block_id for b in kv.pool.allocate(3)] == [3, 4, 5]
+    assert len(kv.pool.cached) == 2 and kv.pool.num_free_blocks == 2
+
+
 class CheckingExecutor(DryRunExecutor):
     """A model-less executor that also checks what the plain SchedulerOutput promises: every
     scheduled request's blocks cover its computed plus new tokens, and no live Request crosses."""

@@ -50,6 +50,37 @@ def test_threads_follow_other_load(monkeypatch):
         cpu.run(0.1, 2.0, 0.0)
         ctl.before_step()                   # within the interval: no new look
         assert ctl.threads == 2
+        assert look(0.6, 1.4) == 2          # part of a core, once: maybe a process finishing
+        assert look(0.0, 2.0) == 2
+        assert look(0.6, 1.4) == 2          # part of a core, twice in a row: one thread
+        assert look(0.7, 1.3) == 1
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_a_window_spanning_an_idle_gap_decides_nothing(monkeypatch):
+    """Another engine was busy while we were idle and stops as we start (two engines taking turns):
+    the first look after the gap only opens a new window; the next one measures the present."""
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    clock, cpu = ManualClock(), FakeCPU(os.sysconf("SC_CLK_TCK"))
+    before = torch.get_num_threads()
+    try:
+        ctl = ThreadController(2, adaptive=True, interval_s=0.5, clock=clock, read=cpu)
+        clock.advance(40.0)
+        cpu.run(40.0, 2.0, 0.0)  # 40 s idle while others used both cores
+        ctl.before_step()
+        assert ctl.threads == 2
+        clock.advance(0.6)
+        cpu.run(0.6, 0.0, 2.0)   # they stopped: we run alone
+        ctl.before_step()
+        assert ctl.threads == 2
+        clock.advance(30.0)
+        cpu.run(30.0, 2.0, 0.0)
+        ctl.before_step()        # another gap; this time the load stays
+        clock.advance(0.6)
+        cpu.run(0.6, 2.0, 0.6)
+        ctl.before_step()
+        assert ctl.threads == 1
     finally:
         torch.set_num_threads(before)
 

@@ -9,13 +9,18 @@
   isa        the same shapes through every instruction-set path this CPU runs: bf16 panel GEMM
              (AVX512_BF16 dot products, AVX-512 and AVX2 widening) vs oneDNN with a prepacked bf16
              weight, and the float32 panel GEMM on AVX-512 vs AVX2
+  decode     paged_decode per layer on each instruction-set path this CPU runs (AVX-512, AVX2),
+             bf16 and float32 caches, W1-like contexts (64-700 tokens), 29 and 64 sequences; every
+             call reads a cache no other call touched just before (DRAM, as in a model's step),
+             levels alternated; GB/s of K/V read
 
-    python -m tokenmill.bench.kernels [--threads 2] [--only attention,prefill,gemm,isa]
+    python -m tokenmill.bench.kernels [--threads 2] [--only attention,prefill,gemm,isa,decode]
 """
 from __future__ import annotations
 
 import argparse
 import sys
+import time
 
 import torch
 import torch.nn.functional as F
@@ -120,13 +125,48 @@ def prefill_attention(heads: int = 9, kv_heads: int = 3, d: int = 64) -> None:
         sdpa = min(_ms(pieces, 10) for _ in range(3))
         flop = 2 * heads * d * length * length
         print(f"prefill attention L={length}: prefill_attention {ours:.2f} ms ({flop / ours / 1e6:.0f} GFLOP/s), "
-              f"SDPA pieces {sdpa:.2f} ms ({flop / sdpa / 1e6:.0f} GFLOP/s); ratio {sdpa / ours:.2f}x")
+              f"SDPA pieces {sdpa:.2f} ms ({flop / sdpa / 1e6:.0f} GFLOP/s); "
+              f"ratio {sdpa / ours:.2f}x")
+
+
+def decode_isa(heads: int = 9, kv_heads: int = 3, d: int = 64, bs: int = 16, num_blocks: int = 6600,
+               rounds: int = 30) -> None:
+    """paged_decode per instruction-set level; six caches in turn so that no call finds its K/V in the
+    L3 the previous call filled (a model step reads each layer's cache once)."""
+    import statistics
+    from tokenmill.kernels import cpu_ops
+    best = cpu_ops.isa().split()[1].removeprefix("best=")
+    levels = [lv for lv in ("avx512", "avx2") if ["avx512_bf16", "avx512", "avx2", "scalar"].index(best)
+              <= ["avx512_bf16", "avx512", "avx2", "scalar"].index(lv)]
+    g = torch.Generator().manual_seed(0)
+    for dtype in (torch.bfloat16, torch.float32):
+        caches = [tuple(torch.randn(num_blocks * bs, kv_heads, d, generator=g).to(dtype) for _ in range(2))
+                  for _ in range(6)]
+        for batch in (29, 64):
+            lens = torch.randint(64, 700, (batch,), generator=g)
+            nb = (int(lens.max()) + bs - 1) // bs
+            tables = torch.randperm(num_blocks, generator=g)[:batch * nb].view(batch, nb).contiguous()
+            q = torch.randn(batch, heads, d, generator=g)
+            times: dict[str, list[float]] = {lv: [] for lv in levels}
+            for r in range(rounds):
+                for i, lv in enumerate(levels):
+                    cpu_ops.set_isa(lv)
+                    cache = caches[(r * len(levels) + i) % len(caches)]
+                    t0 = time.perf_counter()  # no warm-up call: it would leave this cache's K/V in L3
+                    cpu_ops.paged_decode(q, cache, tables, lens, bs, d ** -0.5)
+                    times[lv].append(time.perf_counter() - t0)
+            cpu_ops.set_isa("auto")
+            nbytes = int(lens.sum()) * kv_heads * d * 2 * dtype.itemsize
+            med = {lv: statistics.median(t) for lv, t in times.items()}
+            ratio = f"; AVX2 / AVX-512 time {med['avx2'] / med['avx512']:.2f}x" if len(med) == 2 else ""
+            print(f"decode {str(dtype).removeprefix('torch.')} batch {batch}: " +
+                  ", ".join(f"{lv} {m * 1e6:.0f} us ({nbytes / m / 1e9:.1f} GB/s)" for lv, m in med.items()) + ratio)
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--threads", type=int, default=None)
-    p.add_argument("--only", default="attention,prefill,gemm,isa", help="comma-separated sections")
+    p.add_argument("--only", default="attention,prefill,gemm,isa,decode", help="comma-separated sections")
     args = p.parse_args(argv)
     from tokenmill.kernels import cpu_ops
     if not cpu_ops.load():
@@ -134,7 +174,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     if args.threads:
         torch.set_num_threads(args.threads)
-    sections = {"attention": attention, "prefill": prefill_attention, "gemm": gemm, "isa": gemm_isa}
+    sections = {"attention": attention, "prefill": prefill_attention, "gemm": gemm, "isa": gemm_isa,
+                "decode": decode_isa}
     for name in args.only.split(","):
         if name not in sections:
             print(f"error: --only takes {', '.join(sections)}; got {name!r}", file=sys.stderr)

@@ -86,7 +86,10 @@ class BlockPool:
 
     def free(self, blocks: list[KVBlock]) -> None:
         """Drop one reference each. Pass blocks tail-first so a sequence's tail is evicted before its
-        shared head."""
+        shared head. A block that holds no cached prefix goes to the front of the queue: it is worth
+        nothing, so it is reused first, before any cached block is evicted, and its memory is still
+        in the CPU's caches (and mapped: a block never used before costs page faults on its first
+        write)."""
         for block in blocks:
             if block is NULL_BLOCK:
                 continue
@@ -94,6 +97,8 @@ class BlockPool:
             assert block.ref_cnt >= 0, f"block {block.block_id} ref_cnt < 0"
             if block.ref_cnt == 0:
                 self.free_queue[block.block_id] = None
+                if block.block_hash is None:
+                    self.free_queue.move_to_end(block.block_id, last=False)
 
     def reset_cache(self) -> bool:
         """Forget all cached hashes; only allowed when no block is in use."""

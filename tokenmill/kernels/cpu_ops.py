@@ -21,7 +21,7 @@ logger = logging.getLogger(__name__)
 
 _CSRC = Path(__file__).parent / "csrc"
 _SOURCES = [_CSRC / name for name in ("cpu_isa.cpp", "paged_decode.cpp", "layer_ops.cpp", "panel_gemm.cpp",
-                                      "bf16_gemm.cpp", "gemm_avx512.cpp", "kv_store.cpp", "prefill_attention.cpp",
+                                      "bf16_gemm.cpp", "gemm_avx512.cpp", "decode_avx512.cpp", "kv_store.cpp", "prefill_attention.cpp",
                                       "quant_gemm.cpp", "quant_avx512.cpp")]
 
 

@@ -6,8 +6,12 @@ gets a fraction of it, every region waits for that thread, and the step slows by
 fair share (measured in docs/BENCHMARKS.md, "Sharing the CPU"). So before each step, at most every
 `interval_s`, the controller measures how much of our cores other processes used since the last
 look (/proc/stat busy time of our cores minus our own CPU time) and runs as many threads as there
-are cores left: fewer under contention, back to all of them when it ends (after two looks in a row
-agree, so a short burst does not make it flap). A count the user fixed (--num-threads) is kept.
+are cores left: fewer under contention (at once when others use a whole core or more; for less,
+when two looks in a row agree), back to all of them when it ends (after two looks in a row agree),
+so a short burst does not make it flap. A count the user fixed (--num-threads) is kept.
+A look after an idle gap (no step for several intervals) only starts a new window: what other
+processes did while we were idle says little about now (two engines taking turns, or a benchmark
+alternating with another engine, would otherwise start every busy period on one thread).
 """
 from __future__ import annotations
 
@@ -24,6 +28,8 @@ from tokenmill.cpu import busy_jiffies, self_jiffies
 logger = logging.getLogger(__name__)
 
 _HEADROOM = 0.3  # a core counts as free if others use less than 70% of it
+_CLEAR_LOAD = 1.0  # others using a whole core or more: fewer threads at once, else after two looks
+_STALE_INTERVALS = 4  # a window longer than this many intervals spans an idle gap: start a new one
 
 
 def read_cpu_use(cores: set[int]) -> tuple[int, int]:
@@ -43,7 +49,7 @@ class ThreadController:
         self.read = read
         self.ticks_per_s = os.sysconf("SC_CLK_TCK")
         self.threads = max_threads
-        self._want_more = False
+        self._want_more = self._want_fewer = False
         torch.set_num_threads(max_threads)
         self._last = (clock(), *read(self.cores))
 
@@ -57,13 +63,18 @@ class ThreadController:
         busy, mine = self.read(self.cores)
         others = max(0, (busy - self._last[1]) - (mine - self._last[2])) / (elapsed * self.ticks_per_s)
         self._last = (now, busy, mine)
+        if elapsed > _STALE_INTERVALS * self.interval_s:
+            return
         self._apply(max(1, min(self.max_threads, math.floor(len(self.cores) - others + _HEADROOM))), others)
 
     def _apply(self, target: int, others: float) -> None:
-        if target > self.threads and not self._want_more:
-            self._want_more = True  # grow only when two looks in a row agree
+        more, fewer = target > self.threads, target < self.threads and others < _CLEAR_LOAD
+        if (more and not self._want_more) or (fewer and not self._want_fewer):
+            # grow only when two looks in a row agree; shrink so too when others use part of a core
+            # (maybe another process finishing its work)
+            self._want_more, self._want_fewer = more, fewer
             return
-        self._want_more = False
+        self._want_more = self._want_fewer = False
         if target != self.threads:
             logger.info("model threads %d -> %d (other processes use %.1f of %d cores)", self.threads, target,
                         others, len(self.cores))

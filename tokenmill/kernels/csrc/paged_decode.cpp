@@ -13,6 +13,8 @@
 #include <c10/util/Float8_e4m3fn.h>
 #include <torch/library.h>
 
+#include "cpu_isa.h"
+#include "decode_isa.h"
 #include "vec_math.h"
 
 #ifdef __AVX2__
@@ -22,6 +24,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -234,7 +237,7 @@ void attend_heads(const float* q, const T* k, const T* v, const void* k_scale, c
 template <typename T>
 void attend_one(const float* q, const T* k, const T* v, const void* k_scale, const void* v_scale, bool log8,
                 const int64_t* table, int64_t len, float* out, int64_t H, int64_t Hkv, int64_t D,
-                int64_t block_size, float scale, int64_t window, int64_t h0, int64_t h1,
+                int64_t block_size, float scale, int64_t window, int64_t h0, int64_t h1, bool avx512,
                 std::vector<float>& scores, std::vector<const T*>& rows, std::vector<int64_t>& slots) {
   const int64_t G = H / Hkv;
   const int64_t first = window > 0 && len > window ? len - window : 0;  // the window's first token
@@ -242,6 +245,14 @@ void attend_one(const float* q, const T* k, const T* v, const void* k_scale, con
   slots.resize(len);  // slot of each visible token, walked block by block (no division per token)
   for (int64_t t = 0, blk = first / block_size, i = first % block_size; t < len; ++blk, i = 0)
     for (int64_t base = table[blk] * block_size; i < block_size && t < len; ++i) slots[t++] = base + i;
+  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, at::BFloat16>) {
+    if (avx512 && k_scale == nullptr) {  // decode_avx512.cpp; false for shapes it has no path for
+      scores.resize(tm_avx512::decode_scratch_floats(G, len, D, h1 - h0));
+      if (tm_avx512::decode_heads(q, k, v, std::is_same_v<T, at::BFloat16>, slots.data(), len, out, G, Hkv, h0, h1,
+                                  D, scale, scores.data()))
+        return;
+    }
+  }
   const bool fast = D % 8 == 0;
 #define TM_HEADS(FG) attend_heads<FG>(q, k, v, k_scale, v_scale, log8, slots.data(), len, out, G, Hkv, h0, h1, D, scale, scores, rows)
   if (fast && G == 1) TM_HEADS(1);
@@ -262,6 +273,7 @@ void decode_kernel(const float* q, const T* k, const T* v, const void* k_scale, 
   // Whole sequences per task when there are enough of them (contiguous rows); else split KV heads.
   const int64_t splits = B >= 2 * at::get_num_threads() ? 1 : Hkv;
   const int64_t per = Hkv / splits;
+  const bool avx512 = tokenmill_isa::active_level() >= tokenmill_isa::Level::kAvx512;
   at::parallel_for(0, B * splits, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> scores;
     std::vector<const T*> rows;
@@ -269,7 +281,8 @@ void decode_kernel(const float* q, const T* k, const T* v, const void* k_scale, 
     for (int64_t task = begin; task < end; ++task) {
       const int64_t b = task / splits, h0 = (task % splits) * per;
       attend_one(q + b * H * D, k, v, k_scale, v_scale, log8, tables + b * max_blocks, seq_lens[b],
-                 out + b * H * D, H, Hkv, D, block_size, scale, window, h0, h0 + per, scores, rows, slots);
+                 out + b * H * D, H, Hkv, D, block_size, scale, window, h0, h0 + per, avx512, scores, rows,
+                 slots);
     }
   });
 }
