@@ -74,12 +74,14 @@ inline __m256 load8(const c10::Float8_e4m3fn* p) {
   return _mm256_i32gather_ps(kE4m3.v, idx, 4);
 }
 
-constexpr int64_t PF = 16;  // prefetch distance in rows (tokens)
+// Prefetch distance in rows (tokens), into L2: on Zen 4 (machine B) an L2 hint reads K/V from DRAM at
+// 1.4-1.6x the rate of an L1 hint (docs/BENCHMARKS.md, "Decode attention on AVX-512 ...").
+constexpr int64_t PF = 16;
 
 template <typename T>
 inline void prefetch_row(const T* p, int64_t D) {
   const char* c = reinterpret_cast<const char*>(p);
-  for (int64_t off = 0; off < D * int64_t(sizeof(T)); off += 64) _mm_prefetch(c + off, _MM_HINT_T0);
+  for (int64_t off = 0; off < D * int64_t(sizeof(T)); off += 64) _mm_prefetch(c + off, _MM_HINT_T1);
 }
 
 // Four horizontal sums at once: [sum(a), sum(b), sum(c), sum(d)] (4 shuffles instead of 4 x 5).
