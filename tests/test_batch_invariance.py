@@ -12,7 +12,6 @@ from tokenmill.kernels import cpu_ops
 from tokenmill.quant.blocks import pack, quantize_int4, quantize_q8
 
 needs_kernels = pytest.mark.skipif(not cpu_ops.load(), reason="the C++ kernels did not build here")
-LEVELS = ["avx512_bf16", "avx512", "avx2", "scalar"]
 
 
 @pytest.fixture
@@ -21,11 +20,6 @@ def invariant():
     cpu_ops.set_batch_invariant(True)
     yield
     cpu_ops.set_batch_invariant(False)
-
-
-def _levels() -> list[str]:
-    best = cpu_ops.isa().split()[1].removeprefix("best=")
-    return LEVELS[LEVELS.index(best):]
 
 
 def _row_differences() -> list[str]:
@@ -40,7 +34,7 @@ def _row_differences() -> list[str]:
     x = torch.randn(40, k)
     found = []
     try:
-        for level in _levels():
+        for level in cpu_ops.runnable_levels():
             cpu_ops.set_isa(level)
             for name, (op, packed) in ops.items():
                 alone = torch.cat([op(x[i:i + 1], packed, n, None) for i in range(len(x))])

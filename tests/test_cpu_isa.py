@@ -16,12 +16,6 @@ import torch.nn.functional as F
 from tokenmill.kernels import cpu_ops
 
 pytestmark = pytest.mark.skipif(not cpu_ops.load(), reason="C++ kernels unavailable here")
-LEVELS = ["avx512_bf16", "avx512", "avx2", "scalar"]
-
-
-def runnable_levels() -> list[str]:
-    best = cpu_ops.isa().split()[1].removeprefix("best=")
-    return LEVELS[LEVELS.index(best):]
 
 
 @pytest.fixture
@@ -34,10 +28,10 @@ def rel_err(y: torch.Tensor, ref: torch.Tensor) -> float:
     return ((y.double() - ref).abs().max() / ref.abs().max()).item()
 
 
-@pytest.mark.parametrize("level", LEVELS)
+@pytest.mark.parametrize("level", cpu_ops.LEVELS)
 @pytest.mark.parametrize("m,n,k", [(1, 37, 19), (5, 64, 576), (13, 100, 33), (30, 70, 128)])
 def test_bf16_panel_linear_every_level(level, m, n, k, restore_isa):
-    if level not in runnable_levels():
+    if level not in cpu_ops.runnable_levels():
         pytest.skip(f"this CPU cannot run {level} ({cpu_ops.isa()})")
     assert cpu_ops.set_isa(level) == level
     g = torch.Generator().manual_seed(m * 1000 + n + k)
@@ -56,7 +50,7 @@ def test_bf16_panel_linear_every_level(level, m, n, k, restore_isa):
 @pytest.mark.parametrize("level", ["avx512", "avx2"])
 @pytest.mark.parametrize("m", [1, 2, 4, 7, 15, 40])
 def test_float32_panel_linear_every_level(level, m, restore_isa):
-    if level not in runnable_levels():
+    if level not in cpu_ops.runnable_levels():
         pytest.skip(f"this CPU cannot run {level}")
     cpu_ops.set_isa(level)
     g = torch.Generator().manual_seed(m)
@@ -87,7 +81,7 @@ def test_paged_decode_every_level(level, dtype, heads, kv_heads, d, restore_isa)
     """Every level against float64 (1e-5 absolute: outputs are averages of N(0, 1) values); 5 query
     heads per KV head and head size 40 have no AVX-512 kernel and take the AVX2 loops on that level.
     Lengths cover a lone token, partial and whole 16-token tiles, and a sliding window."""
-    if level not in runnable_levels():
+    if level not in cpu_ops.runnable_levels():
         pytest.skip(f"this CPU cannot run {level}")
     cpu_ops.set_isa(level)
     g = torch.Generator().manual_seed(heads * d)
@@ -110,7 +104,7 @@ def test_paged_decode_every_level(level, dtype, heads, kv_heads, d, restore_isa)
 
 
 def test_set_isa_caps_at_what_the_cpu_has(restore_isa):
-    best = runnable_levels()[0]
+    best = cpu_ops.runnable_levels()[0]
     assert cpu_ops.set_isa("auto") == best
     assert cpu_ops.set_isa("scalar") == "scalar"
     assert cpu_ops.isa_level() == "scalar"

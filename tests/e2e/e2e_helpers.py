@@ -4,7 +4,6 @@ from __future__ import annotations
 import contextlib
 import importlib.metadata
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -29,6 +28,17 @@ TINY_ENGINE_ARGS = ["--dtype", "float32", "--kv-cache-memory-gb", "0.02", "--num
 # A server whose engine sleeps this long after every step: a request with hundreds of tokens runs
 # for seconds on any machine, so tests can act while it runs (see AsyncLLMEngine's docstring).
 SLOW_STEP_ENV = {"TOKENMILL_TEST_STEP_DELAY_S": "0.05"}
+
+
+def end_process(proc: subprocess.Popen, timeout: float = 30) -> None:
+    """SIGTERM (a graceful drain), then SIGKILL if it has not exited within `timeout` seconds."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 def free_port() -> int:
@@ -100,13 +110,7 @@ class ServerProcess:
     def stop(self) -> int | None:
         if self.proc is None:
             return None
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        end_process(self.proc, 20)
         self._log.close()
         return self.proc.returncode
 

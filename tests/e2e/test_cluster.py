@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import openai
 import pytest
-from e2e_helpers import REPO, SLOW_STEP_ENV, TINY_ENGINE_ARGS, free_port, two_free_ports
+from e2e_helpers import REPO, SLOW_STEP_ENV, TINY_ENGINE_ARGS, end_process, free_port, two_free_ports
 from test_disagg import metric, wait_no_blocks
 
 from tokenmill.disagg.launchers import wait_healthy
@@ -52,11 +52,7 @@ def cluster(tiny_llama, tmp_path_factory):
         yield {"url": url, "engines": [f"http://127.0.0.1:{first}", f"http://127.0.0.1:{first + 1}"],
                "log": tmp / "cluster.log"}
     finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        end_process(proc)
         log.close()
 
 

@@ -15,7 +15,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests" / "e2e"))
 
-from e2e_helpers import free_port  # noqa: E402
+from e2e_helpers import end_process, free_port  # noqa: E402
 
 TENANTS = {"acme": ("KEY_A", "interactive"), "initech": ("KEY_I", "standard"), "globex": ("KEY_G", "batch")}
 
@@ -65,9 +65,4 @@ def run_fleet(config: dict, tmp: Path):
             time.sleep(0.3)
         yield Fleet(url, ledger_path, proc, log)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        end_process(proc)

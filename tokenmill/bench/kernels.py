@@ -12,7 +12,7 @@
   decode     paged_decode per layer on each instruction-set path this CPU runs (AVX-512, AVX2),
              bf16 and float32 caches, W1-like contexts (64-700 tokens), 29 and 64 sequences; every
              call reads a cache no other call touched just before (DRAM, as in a model's step),
-             levels alternated; GB/s of K/V read
+             levels alternated; GB/s of K/V read; then ns per token with the K/V in cache
 
     python -m tokenmill.bench.kernels [--threads 2] [--only attention,prefill,gemm,isa,decode]
 """
@@ -81,9 +81,7 @@ def gemm(layers: int = 30) -> None:
 def gemm_isa(layers: int = 30) -> None:
     """Every ISA path of our panel GEMMs against oneDNN (prepacked, bf16): GFLOP/s, best of 3."""
     from tokenmill.kernels import cpu_ops
-    levels = ["avx512_bf16", "avx512", "avx2"]
-    best = cpu_ops.isa().split()[1].removeprefix("best=")
-    levels = levels[levels.index(best):] if best in levels else []
+    levels = [lv for lv in cpu_ops.runnable_levels() if lv != "scalar"]
     print(f"isa: {cpu_ops.isa()}")
     for n, k in GEMM_SHAPES:
         ws = [torch.randn(n, k) for _ in range(layers)]
@@ -135,9 +133,7 @@ def decode_isa(heads: int = 9, kv_heads: int = 3, d: int = 64, bs: int = 16, num
     L3 the previous call filled (a model step reads each layer's cache once)."""
     import statistics
     from tokenmill.kernels import cpu_ops
-    best = cpu_ops.isa().split()[1].removeprefix("best=")
-    levels = [lv for lv in ("avx512", "avx2") if ["avx512_bf16", "avx512", "avx2", "scalar"].index(best)
-              <= ["avx512_bf16", "avx512", "avx2", "scalar"].index(lv)]
+    levels = [lv for lv in ("avx512", "avx2") if lv in cpu_ops.runnable_levels()]
     g = torch.Generator().manual_seed(0)
     for dtype in (torch.bfloat16, torch.float32):
         caches = [tuple(torch.randn(num_blocks * bs, kv_heads, d, generator=g).to(dtype) for _ in range(2))
@@ -161,6 +157,19 @@ def decode_isa(heads: int = 9, kv_heads: int = 3, d: int = 64, bs: int = 16, num
             ratio = f"; AVX2 / AVX-512 time {med['avx2'] / med['avx512']:.2f}x" if len(med) == 2 else ""
             print(f"decode {str(dtype).removeprefix('torch.')} batch {batch}: " +
                   ", ".join(f"{lv} {m * 1e6:.0f} us ({nbytes / m / 1e9:.1f} GB/s)" for lv, m in med.items()) + ratio)
+        # in cache: 4 sequences of 370 tokens in a 200-block cache, the same call repeated (the arithmetic)
+        lens = torch.full((4,), 370)
+        tables = torch.randperm(200, generator=g)[:4 * 24].view(4, 24).contiguous()
+        cache = tuple(c[:200 * bs].clone() for c in caches[0])
+        q = torch.randn(4, heads, d, generator=g)
+        per_token = {}
+        for lv in levels:
+            cpu_ops.set_isa(lv)
+            per_token[lv] = min(time_call(lambda: cpu_ops.paged_decode(q, cache, tables, lens, bs, d ** -0.5), 20)
+                                for _ in range(5)) / int(lens.sum())
+        cpu_ops.set_isa("auto")
+        print(f"decode {str(dtype).removeprefix('torch.')} in cache ({torch.get_num_threads()} threads): " +
+              ", ".join(f"{lv} {t * 1e9:.1f} ns per token" for lv, t in per_token.items()))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -2,11 +2,13 @@
 after a two-request warm-up, with the engine's thread count fixed.
 
     python -m tokenmill.bench.profile [--dtype auto] [--quantization none] [--num-requests 24] [--threads 1] [--rows 14]
+        [--prefault-kv]
 """
 from __future__ import annotations
 
 import argparse
 import sys
+import time
 
 from tokenmill.bench.script import run_script
 
@@ -18,7 +20,13 @@ def run(args: argparse.Namespace) -> int:
     from tokenmill.bench.offline import machine, make_w1, run_tokenmill
     llm = LLM(dtype=args.dtype, quantization=args.quantization, max_num_seqs=128, max_num_batched_tokens=1024, num_threads=args.threads)
     vocab = llm.llm_engine.config.model.arch.vocab_size
-    run_tokenmill(llm, make_w1(2, vocab, seed=1))  # warm-up: kernels loaded, pages touched
+    run_tokenmill(llm, make_w1(2, vocab, seed=1))  # warm-up: kernels loaded
+    if args.prefault_kv:  # what a long-running server has: every KV page written once already
+        t0 = time.perf_counter()
+        for layer in llm.llm_engine.runner.kv_caches:
+            for t in layer:
+                t.zero_()
+        print(f"KV cache pages written first: {time.perf_counter() - t0:.2f} s")
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         result = run_tokenmill(llm, make_w1(args.num_requests, vocab, seed=0))
     print(f"machine: {machine()}; dtype {llm.llm_engine.config.model.dtype}; "
@@ -36,6 +44,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--num-requests", type=int, default=24)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--rows", type=int, default=14)
+    p.add_argument("--prefault-kv", action="store_true", help="write the whole KV cache once before profiling "
+                   "(the cache is mapped lazily: a fresh engine pays page faults on each block's first write)")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -130,6 +130,17 @@ def isa_level() -> str:
     return isa().split()[0].removeprefix("level=") if load() else "unavailable"
 
 
+LEVELS = ("avx512_bf16", "avx512", "avx2", "scalar")  # widest first
+
+
+def runnable_levels() -> list[str]:
+    """The levels this CPU can run, widest first ([] without the kernels)."""
+    if not load():
+        return []
+    best = isa().split()[1].removeprefix("best=")
+    return list(LEVELS[LEVELS.index(best):])
+
+
 def set_isa(cap: str) -> str:
     """Cap the run-time ISA (auto, avx512_bf16, avx512, avx2, scalar); returns the level now used.
     Tests and benchmarks compare the paths this way in one process."""
