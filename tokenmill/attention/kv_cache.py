@@ -33,6 +33,8 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
+from tokenmill.host_memory import lazy_zeros
+
 KV_QUANT_DTYPES = {"int8": torch.int8, "fp8": torch.float8_e4m3fn}
 _QMAX = {torch.int8: 127.0, torch.float8_e4m3fn: float(torch.finfo(torch.float8_e4m3fn).max)}  # 448
 SCALE_FORMATS = {"log8": torch.int8, "fp32": torch.float32}
@@ -91,11 +93,12 @@ class QuantizedKVCacheSpec(KVCacheSpec):
 
 
 def zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-    """A zero tensor whose pages are mapped lazily (calloc through NumPy): allocating a multi-GiB KV
-    cache costs nothing at start-up; each page is zeroed by the kernel when first written.
-    torch.zeros would memset the whole budget up front (about 4 s for 2.3 GiB here)."""
+    """A zero tensor whose pages are mapped lazily (calloc): allocating a multi-GiB KV cache costs
+    nothing at start-up; each page is zeroed by the kernel when first written. torch.zeros would
+    memset the whole budget up front (about 4 s for 2.3 GiB here). In huge pages where the kernel
+    allows (host_memory.py; NumPy's calloc advised them before, unaligned)."""
     nbytes = math.prod(shape) * _elem(dtype)
-    return torch.from_numpy(np.zeros(nbytes, dtype=np.uint8)).view(dtype).view(shape)
+    return lazy_zeros(nbytes).view(dtype).view(shape)
 
 
 def resident_bytes(tensors) -> int:
