@@ -22,6 +22,7 @@ import ctypes
 import functools
 import logging
 import os
+import threading
 
 import numpy as np
 import torch
@@ -30,6 +31,8 @@ logger = logging.getLogger(__name__)
 
 HUGE_PAGE = 2 << 20
 MADV_HUGEPAGE = 14
+MADV_POPULATE_WRITE = 23  # Linux 5.14+: map pages writable without writing them
+PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 HUGE_PAGES_ENV = "TOKENMILL_HUGE_PAGES"  # "0": never advise (A/B measurements)
 _THP_ENABLED = "/sys/kernel/mm/transparent_hugepage/enabled"
 
@@ -103,6 +106,62 @@ def _numpy_advice(enabled: bool):
         yield
     finally:
         setter(previous)
+
+
+def populate(address: int, nbytes: int) -> bool:
+    """Map [address, address + nbytes) writable now, contents untouched (safe while others write
+    there); False where the kernel cannot (before 5.14, not Linux)."""
+    madvise = _madvise()
+    if madvise is None or nbytes <= 0:
+        return False
+    start = address - address % PAGE
+    return madvise(ctypes.c_void_p(start), address + nbytes - start, MADV_POPULATE_WRITE) == 0
+
+
+class Prefaulter:
+    """Maps lazily allocated tensors (a KV cache) in a background thread at the lowest CPU priority,
+    so requests do not pay the first write to each page: on machine B a fresh 2 MiB page cost up to
+    ~2 ms, and the 60 K/V tensors of a model cross into new pages at the same step, which stalled
+    that step by 0.3-0.6 s (docs/BENCHMARKS.md, "Huge pages"). Chunks go in block order across all
+    tensors, since the engine hands out the lowest blocks first. `stop()` ends it between chunks."""
+
+    def __init__(self, tensors: list[torch.Tensor], chunk_bytes: int = 32 << 20) -> None:
+        self._spans = [(t.data_ptr(), t.numel() * t.element_size()) for t in tensors]
+        self._tensors: list[torch.Tensor] | None = list(tensors)  # alive while the thread maps them
+        self._chunk = chunk_bytes
+        self._stop = threading.Event()
+        self.mapped_bytes = 0
+        self.supported = True
+        self.thread = threading.Thread(target=self._run, name="tokenmill-kv-prefault", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)  # this thread only
+        except (OSError, AttributeError):
+            pass
+        try:
+            longest = max((n for _, n in self._spans), default=0)
+            for offset in range(0, longest, self._chunk):
+                for address, n in self._spans:
+                    if self._stop.is_set():
+                        return
+                    if offset < n:
+                        size = min(self._chunk, n - offset)
+                        if not populate(address + offset, size):
+                            self.supported = False
+                            return
+                        self.mapped_bytes += size
+        finally:
+            self._tensors = None
+
+    @property
+    def done(self) -> bool:
+        return not self.thread.is_alive()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        self.thread.join(timeout)
 
 
 def anon_huge_bytes() -> int:

@@ -14,6 +14,7 @@ _ENGINE_DEFAULTS = {f.name: f.default for f in dataclasses.fields(EngineConfig)}
 
 # EngineConfig field -> flag; every one defaults to EngineConfig's own default
 ENGINE_FLAGS = ("dtype", "max_model_len", "block_size", "kv_cache_memory_gb", "num_kv_blocks", "kv_cache_dtype",
+                "kv_cache_prefault",
                 "quantization", "quant_group_size",
                 "enable_prefix_caching", "max_num_batched_tokens", "max_num_seqs",
                 "long_prefill_token_threshold", "attention_backend", "batch_invariant", "seed", "num_threads", "tokenizer",
@@ -92,6 +93,9 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                           "a .gguf model, the default model included; the folder's awq/gptq; else none)")
     eng.add_argument("--quant-group-size", type=int, choices=(32, 64, 128), default=d["quant_group_size"],
                      help="inputs per int4 scale (default: %(default)s)")
+    eng.add_argument("--kv-cache-prefault", action=argparse.BooleanOptionalAction, default=d["kv_cache_prefault"],
+                     help="map the whole KV cache in the background at start, at the lowest CPU priority, so no "
+                          "request pays a first-write page fault (default: on for serve, off otherwise)")
     eng.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
                      default=d["enable_prefix_caching"], help="reuse KV blocks of shared prefixes (default: on)")
     eng.add_argument("--max-num-batched-tokens", type=positive_int, default=d["max_num_batched_tokens"],

@@ -138,4 +138,4 @@ def resolve_cache(cfg: EngineConfig, model: ModelSpec, draft_bytes_per_token: fl
     return CacheConfig(block_size=cfg.block_size, num_blocks=num_blocks, kv_cache_dtype=cfg.kv_cache_dtype,
                        enable_prefix_caching=cfg.enable_prefix_caching, bytes_per_token=per_token,
                        block_hash_key=f"{model.content_id}|kv={cfg.kv_cache_dtype}",
-                       sliding_window=model.arch.uniform_sliding_window)
+                       sliding_window=model.arch.uniform_sliding_window, prefault=cfg.kv_cache_prefault)

@@ -79,6 +79,7 @@ def add_serve_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                      help="no periodic line (throughput, running/waiting requests, KV usage, prefix hit rate)")
 
     add_engine_args(parser)
+    parser.set_defaults(kv_cache_prefault=True)  # a server keeps its cache: map it once, not mid-request
     return parser
 
 

@@ -108,6 +108,9 @@ class ModelRunner:
             self.kv_connector = make_connector_worker(config.kv_connector, config.kv_role, self.kv_caches,
                                                       cache.num_blocks)
             self.kv_caches = self.kv_connector.kv_caches  # shm: a prefill engine's now live in shared memory
+        self.prefaulter: host_memory.Prefaulter | None = None
+        if cache.prefault:
+            self.prefaulter = host_memory.Prefaulter([t for layer in self.kv_caches for t in layer])
         self.kv_bytes_per_token = cache.bytes_per_token
         self.sampler = Sampler(model.arch.vocab_size)
         self.structured = StructuredDecoding(str(model.tokenizer), model.arch.vocab_size)
@@ -137,6 +140,7 @@ class ModelRunner:
     def release_kv_cache(self) -> None:
         """The engine calls this with no unfinished request (records left here are finished ones
         the next SchedulerOutput will name)."""
+        self._stop_prefault()
         self.kv_caches.clear()  # in place: a speculative proposer's Target shares this list
 
     def allocate_kv_cache(self) -> None:
@@ -144,6 +148,13 @@ class ModelRunner:
             cfg = self.config
             self.kv_caches.extend(get_model_class(cfg.model.arch.architecture).allocate_kv_caches(
                 cfg.model.arch, cfg.cache.kv_cache_dtype, self.dtype, cfg.cache.block_size, cfg.cache.num_blocks))
+            if cfg.cache.prefault:
+                self.prefaulter = host_memory.Prefaulter([t for layer in self.kv_caches for t in layer])
+
+    def _stop_prefault(self) -> None:
+        prefaulter, self.prefaulter = self.prefaulter, None
+        if prefaulter is not None:
+            prefaulter.stop()
 
     # -- Executor -------------------------------------------------------------------------------
     @torch.inference_mode()
