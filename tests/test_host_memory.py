@@ -145,28 +145,24 @@ def test_gathering_again_moves_the_arena_and_keeps_the_outputs(tiny_llm):
     assert [o.outputs[0].token_ids for o in tiny_llm.generate(prompts, params, use_tqdm=False)] == before
 
 
-def test_the_prefaulter_maps_every_page_and_changes_no_byte():
+def test_prefault_maps_every_page_and_changes_no_byte():
     from tokenmill.attention.kv_cache import resident_bytes
-    from tokenmill.host_memory import Prefaulter
+    from tokenmill.host_memory import prefault
     tensors = [lazy_zeros(3 * HUGE_PAGE + 4096 * i + 100).view(torch.uint8) for i in range(4)]
-    tensors[1][5] = 9  # written before
-    prefaulter = Prefaulter(tensors, chunk_bytes=HUGE_PAGE)
-    tensors[2][-1] = 7  # written while it may be running
-    prefaulter.thread.join(timeout=60)
-    assert prefaulter.done
-    if not prefaulter.supported:
+    tensors[1][5], tensors[2][-1] = 9, 7  # written before
+    done = prefault(tensors, threads=2, chunk_bytes=HUGE_PAGE)
+    if not done.supported:
         pytest.skip("this kernel has no MADV_POPULATE_WRITE (Linux < 5.14): the pages stay lazy")
-    assert prefaulter.mapped_bytes == sum(t.numel() for t in tensors)
+    assert done.mapped_bytes == sum(t.numel() for t in tensors)
     assert resident_bytes(tensors) >= sum(t.numel() for t in tensors)
     assert int(tensors[1][5]) == 9 and int(tensors[2][-1]) == 7
     assert sum(int(t.sum()) for t in tensors) == 16  # nothing else written
+    assert prefault([]).mapped_bytes == 0
 
 
-def test_a_stopped_prefaulter_ends_and_lets_its_tensors_go():
-    from tokenmill.host_memory import Prefaulter
-    prefaulter = Prefaulter([lazy_zeros(8 * HUGE_PAGE) for _ in range(8)], chunk_bytes=4096)
-    prefaulter.stop(timeout=60)
-    assert prefaulter.done and prefaulter._tensors is None
+def prefault_supported() -> bool:
+    from tokenmill.host_memory import prefault
+    return prefault([lazy_zeros(4096)]).supported
 
 
 def test_serve_prefaults_the_kv_cache_and_offline_engines_do_not(tiny_llama):
@@ -181,13 +177,15 @@ def test_serve_prefaults_the_kv_cache_and_offline_engines_do_not(tiny_llama):
                                                           "--no-kv-cache-prefault"])).kv_cache_prefault
     llm = LLM(str(tiny_llama), dtype="float32", kv_cache_memory_gb=0.05, kv_cache_prefault=True)
     runner = llm.llm_engine.runner
-    runner.prefaulter.thread.join(timeout=60)
-    tensors = [t for layer in runner.kv_caches for t in layer]
-    if runner.prefaulter.supported:
-        assert resident_bytes(runner.kv_caches) >= sum(t.numel() * t.element_size() for t in tensors)
-    out = llm.generate(["hello there"], use_tqdm=False)
-    assert out[0].outputs[0].token_ids
-    llm.llm_engine.sleep()  # releasing the cache stops the prefaulter first
-    assert runner.prefaulter is None and not runner.kv_caches
-    llm.llm_engine.wake_up()
-    assert runner.kv_caches
+
+    def mapped() -> bool:
+        tensors = [t for layer in runner.kv_caches for t in layer]
+        return resident_bytes(runner.kv_caches) >= sum(t.numel() * t.element_size() for t in tensors)
+
+    supported = prefault_supported()
+    assert mapped() or not supported
+    assert llm.generate(["hello there"], use_tqdm=False)[0].outputs[0].token_ids
+    llm.llm_engine.sleep()
+    assert not runner.kv_caches
+    llm.llm_engine.wake_up()  # a fresh cache, mapped again
+    assert runner.kv_caches and (mapped() or not supported)

@@ -36,8 +36,8 @@ class EngineConfig:
     kv_cache_memory_gb: float | None = None  # None: 10% of available memory, within [0.25, 4] GiB
     num_kv_blocks: int | None = None  # overrides the budget (tests, simulations)
     kv_cache_dtype: str = "auto"
-    # map the KV cache's pages in a background thread at start (lowest CPU priority), so no step
-    # pays a first-write page fault; the whole budget is then resident. `tokenmill serve` turns it on
+    # map the KV cache's pages at start, so no step pays a first-write page fault (seconds at start;
+    # the whole budget is then resident, as in vLLM). `tokenmill serve` turns it on
     kv_cache_prefault: bool = False
     # weight format: gguf (a .gguf's quantized blocks kept), none (float weights in `dtype`), int8
     # (per output channel) / int4 (per group of quant_group_size inputs), weight-only, at load;
@@ -117,7 +117,7 @@ class CacheConfig:
     block_hash_key: str  # the extra key of every block hash: model content id + KV storage
     # every layer attends only to its last sliding_window tokens: blocks behind it are freed early
     sliding_window: int | None = None
-    prefault: bool = False  # map the cache's pages in the background at allocation (host_memory.Prefaulter)
+    prefault: bool = False  # map the cache's pages at allocation (host_memory.prefault)
 
     @property
     def capacity_tokens(self) -> int:

@@ -14,20 +14,22 @@ aligned span out of it and `madvise(MADV_HUGEPAGE)` it before anything touches i
 
 Where THP is `never`, on a kernel without it, or off Linux, the advice fails quietly and the memory
 is ordinary. `TOKENMILL_HUGE_PAGES=0` turns the advice off (for A/B measurements).
+
+A first write to a huge page is costly (~2 ms in a VM), and every K/V tensor crosses into a new one
+at the same step: `prefault` maps a cache before it serves (`tokenmill serve`).
 """
 from __future__ import annotations
 
 import contextlib
 import ctypes
 import functools
-import logging
 import os
-import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
 import numpy as np
 import torch
-
-logger = logging.getLogger(__name__)
 
 HUGE_PAGE = 2 << 20
 MADV_HUGEPAGE = 14
@@ -118,50 +120,31 @@ def populate(address: int, nbytes: int) -> bool:
     return madvise(ctypes.c_void_p(start), address + nbytes - start, MADV_POPULATE_WRITE) == 0
 
 
-class Prefaulter:
-    """Maps lazily allocated tensors (a KV cache) in a background thread at the lowest CPU priority,
-    so requests do not pay the first write to each page: on machine B a fresh 2 MiB page cost up to
-    ~2 ms, and the 60 K/V tensors of a model cross into new pages at the same step, which stalled
-    that step by 0.3-0.6 s (docs/BENCHMARKS.md, "Huge pages"). Chunks go in block order across all
-    tensors, since the engine hands out the lowest blocks first. `stop()` ends it between chunks."""
+@dataclass
+class PrefaultResult:
+    mapped_bytes: int
+    seconds: float
+    supported: bool  # False: the kernel has no MADV_POPULATE_WRITE, pages stay lazy
 
-    def __init__(self, tensors: list[torch.Tensor], chunk_bytes: int = 32 << 20) -> None:
-        self._spans = [(t.data_ptr(), t.numel() * t.element_size()) for t in tensors]
-        self._tensors: list[torch.Tensor] | None = list(tensors)  # alive while the thread maps them
-        self._chunk = chunk_bytes
-        self._stop = threading.Event()
-        self.mapped_bytes = 0
-        self.supported = True
-        self.thread = threading.Thread(target=self._run, name="tokenmill-kv-prefault", daemon=True)
-        self.thread.start()
 
-    def _run(self) -> None:
-        try:
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)  # this thread only
-        except (OSError, AttributeError):
-            pass
-        try:
-            longest = max((n for _, n in self._spans), default=0)
-            for offset in range(0, longest, self._chunk):
-                for address, n in self._spans:
-                    if self._stop.is_set():
-                        return
-                    if offset < n:
-                        size = min(self._chunk, n - offset)
-                        if not populate(address + offset, size):
-                            self.supported = False
-                            return
-                        self.mapped_bytes += size
-        finally:
-            self._tensors = None
-
-    @property
-    def done(self) -> bool:
-        return not self.thread.is_alive()
-
-    def stop(self, timeout: float = 5.0) -> None:
-        self._stop.set()
-        self.thread.join(timeout)
+def prefault(tensors: list[torch.Tensor], threads: int = 1, chunk_bytes: int = 32 << 20) -> PrefaultResult:
+    """Map lazily allocated tensors (a KV cache) now, so requests never pay the first write to a
+    page: on machine B a fresh 2 MiB page cost ~2 ms, and the 60 K/V tensors of a model cross into
+    new pages at the same step, which stalled that step by 0.3-0.7 s (docs/BENCHMARKS.md, "Huge
+    pages"). Done before serving: mapped from a background thread while requests ran, the first
+    requests waited 0.5-1.8 s on it. Chunks in block order across tensors, over `threads` threads
+    (the madvise calls release the GIL)."""
+    spans = [(t.data_ptr(), t.numel() * t.element_size()) for t in tensors]
+    longest = max((n for _, n in spans), default=0)
+    chunks = [(a + off, min(chunk_bytes, n - off)) for off in range(0, longest, chunk_bytes) for a, n in spans
+              if off < n]
+    start = time.perf_counter()
+    if not chunks or not populate(*chunks[0]):
+        return PrefaultResult(0, time.perf_counter() - start, supported=not chunks)
+    with ThreadPoolExecutor(max(1, threads)) as pool:
+        done = list(pool.map(lambda c: populate(*c), chunks[1:]))
+    mapped = chunks[0][1] + sum(size for (_, size), ok in zip(chunks[1:], done) if ok)
+    return PrefaultResult(mapped, time.perf_counter() - start, supported=True)
 
 
 def anon_huge_bytes() -> int:

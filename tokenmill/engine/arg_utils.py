@@ -94,8 +94,8 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     eng.add_argument("--quant-group-size", type=int, choices=(32, 64, 128), default=d["quant_group_size"],
                      help="inputs per int4 scale (default: %(default)s)")
     eng.add_argument("--kv-cache-prefault", action=argparse.BooleanOptionalAction, default=d["kv_cache_prefault"],
-                     help="map the whole KV cache in the background at start, at the lowest CPU priority, so no "
-                          "request pays a first-write page fault (default: on for serve, off otherwise)")
+                     help="map the whole KV cache at start (a few seconds), so no request pays a first-write page "
+                          "fault (default: on for serve, off otherwise)")
     eng.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
                      default=d["enable_prefix_caching"], help="reuse KV blocks of shared prefixes (default: on)")
     eng.add_argument("--max-num-batched-tokens", type=positive_int, default=d["max_num_batched_tokens"],

@@ -108,9 +108,8 @@ class ModelRunner:
             self.kv_connector = make_connector_worker(config.kv_connector, config.kv_role, self.kv_caches,
                                                       cache.num_blocks)
             self.kv_caches = self.kv_connector.kv_caches  # shm: a prefill engine's now live in shared memory
-        self.prefaulter: host_memory.Prefaulter | None = None
         if cache.prefault:
-            self.prefaulter = host_memory.Prefaulter([t for layer in self.kv_caches for t in layer])
+            self._prefault_kv_cache()
         self.kv_bytes_per_token = cache.bytes_per_token
         self.sampler = Sampler(model.arch.vocab_size)
         self.structured = StructuredDecoding(str(model.tokenizer), model.arch.vocab_size)
@@ -140,7 +139,6 @@ class ModelRunner:
     def release_kv_cache(self) -> None:
         """The engine calls this with no unfinished request (records left here are finished ones
         the next SchedulerOutput will name)."""
-        self._stop_prefault()
         self.kv_caches.clear()  # in place: a speculative proposer's Target shares this list
 
     def allocate_kv_cache(self) -> None:
@@ -149,12 +147,16 @@ class ModelRunner:
             self.kv_caches.extend(get_model_class(cfg.model.arch.architecture).allocate_kv_caches(
                 cfg.model.arch, cfg.cache.kv_cache_dtype, self.dtype, cfg.cache.block_size, cfg.cache.num_blocks))
             if cfg.cache.prefault:
-                self.prefaulter = host_memory.Prefaulter([t for layer in self.kv_caches for t in layer])
+                self._prefault_kv_cache()
 
-    def _stop_prefault(self) -> None:
-        prefaulter, self.prefaulter = self.prefaulter, None
-        if prefaulter is not None:
-            prefaulter.stop()
+    def _prefault_kv_cache(self) -> None:
+        tensors = [t for layer in self.kv_caches for t in layer]
+        done = host_memory.prefault(tensors, threads=torch.get_num_threads())
+        if done.supported:
+            logger.info("KV cache mapped: %.2f GiB in %.1f s (no request pays a first-write page fault)",
+                        done.mapped_bytes / (1 << 30), done.seconds)
+        else:
+            logger.info("KV cache left lazily mapped: this kernel has no MADV_POPULATE_WRITE")
 
     # -- Executor -------------------------------------------------------------------------------
     @torch.inference_mode()
