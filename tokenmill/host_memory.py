@@ -2,9 +2,9 @@
 
 Why: a decode step streams every weight once and reads KV blocks scattered over a multi-GiB cache.
 With 4 KiB pages each 4 KiB of weights costs a TLB miss, and inside a VM a miss walks two page
-tables. One 2 MiB page covers 512 of them: on machine B (a Firecracker VM) a batch-1 pass over the
-default model's bf16 weights ran 1.49x faster and a 32-row pass 1.8x (docs/BENCHMARKS.md, "Huge
-pages").
+tables. One 2 MiB page covers 512 of them: on machine B (a Firecracker VM) a batch-1 decode step of
+the default model in bf16 ran 1.44-1.58x faster, a 16-row step 1.08x (`python -m
+tokenmill.bench.host_pages`; docs/BENCHMARKS.md, "Huge pages for the weights").
 
 How: most Linux servers set THP to `madvise` (only regions that ask get huge pages), and tensors
 come from malloc, whose regions are not 2 MiB aligned and hold one tensor each (a 1 MiB weight can
@@ -99,7 +99,8 @@ def lazy_zeros(nbytes: int, huge: bool = True) -> torch.Tensor:
 
 @contextlib.contextmanager
 def _numpy_advice(enabled: bool):
-    setter = getattr(getattr(np, "_core", np.core).multiarray, "_set_madvise_hugepage", None)
+    core = getattr(np, "_core", None) or np.core  # NumPy 2 / 1
+    setter = getattr(core.multiarray, "_set_madvise_hugepage", None)
     if setter is None:
         yield
         return

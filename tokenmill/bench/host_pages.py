@@ -25,20 +25,12 @@ from tokenmill.bench.script import run_script, write_record
 KINDS = ("4k", "huge")
 
 
-def _buffer(nbytes: int, huge: bool) -> torch.Tensor:
-    return host_memory.lazy_zeros(nbytes, huge=huge).view(torch.float32).fill_(1.0)
-
-
-def read_rates(rounds: int, nbytes: int = 1 << 29) -> dict[str, list[float]]:
+def read_rates(rounds: int) -> dict[str, list[float]]:
+    from tokenmill.bench.roofline import read_bandwidth
     rates: dict[str, list[float]] = {k: [] for k in KINDS}
     for _ in range(rounds):
         for kind in KINDS:
-            buf = _buffer(nbytes, kind == "huge")
-            buf.sum()
-            t = time.perf_counter()
-            buf.sum()
-            rates[kind].append(nbytes / (time.perf_counter() - t) / 1e9)
-            del buf
+            rates[kind].append(read_bandwidth(huge=kind == "huge"))
     return rates
 
 

@@ -64,10 +64,10 @@ def panel_gemm_peak(dtype: torch.dtype, n: int = 2048) -> float | None:
     return 2 * n ** 3 / best_of(fn) / 1e9
 
 
-def _buffer(nbytes: int, value: float) -> torch.Tensor:
+def _buffer(nbytes: int, value: float, huge: bool = True) -> torch.Tensor:
     """float32 buffer in the pages the engine's weights and KV cache get (host_memory.py: huge where
     the kernel allows), so the bandwidth floors are not lowered by TLB misses the engine does not pay."""
-    return lazy_zeros(nbytes).view(torch.float32).fill_(value)
+    return lazy_zeros(nbytes, huge=huge).view(torch.float32).fill_(value)
 
 
 def copy_bandwidth(nbytes: int = 1 << 29) -> float:
@@ -75,9 +75,9 @@ def copy_bandwidth(nbytes: int = 1 << 29) -> float:
     return 2 * nbytes / best_of(lambda: dst.copy_(src)) / 1e9  # read + write
 
 
-def read_bandwidth(nbytes: int = 1 << 29) -> float:
-    """Memory read rate (a sum over a buffer far larger than the caches)."""
-    src = _buffer(nbytes, 1.0)
+def read_bandwidth(nbytes: int = 1 << 29, huge: bool = True) -> float:
+    """Memory read rate (a sum over a buffer far larger than the caches); `huge=False`: on 4 KiB pages."""
+    src = _buffer(nbytes, 1.0, huge)
     return nbytes / best_of(src.sum) / 1e9
 
 

@@ -26,8 +26,6 @@ from tokenmill.host_memory import huge_pages_wanted, lazy_zeros
 logger = logging.getLogger(__name__)
 
 _ALIGN = 64  # cache-line aligned slots: the kernels' vector loads never straddle lines more than before
-
-
 _ARENA_ATTR = "weight_arena"  # the model's ArenaStats, holding its buffer
 
 
