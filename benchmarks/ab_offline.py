@@ -25,8 +25,9 @@ import json, sys, time
 from tokenmill import LLM, SamplingParams
 from tokenmill.bench.offline import make_w1
 n, dtype, out = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+quant = sys.argv[4] if sys.argv[4] != "default" else None
 t0 = time.perf_counter()
-llm = LLM(dtype=dtype, max_num_seqs=128, max_num_batched_tokens=1024)
+llm = LLM(dtype=dtype, max_num_seqs=128, max_num_batched_tokens=1024, **({"quantization": quant} if quant else {}))
 start_s = time.perf_counter() - t0
 wl = make_w1(n, llm.get_tokenizer().vocab_size, 0)
 params = [SamplingParams(max_tokens=k, temperature=0, ignore_eos=True) for k in wl.output_lens]
@@ -42,11 +43,11 @@ json.dump({"seconds": seconds, "start_s": start_s, "output_tokens": sum(map(len,
 """
 
 
-def run_tree(tree: Path, n: int, dtype: str) -> dict:
+def run_tree(tree: Path, n: int, dtype: str, quantization: str) -> dict:
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
         out = f.name
     env = dict(os.environ, PYTHONPATH=str(tree.resolve()))
-    subprocess.run([sys.executable, "-c", CHILD, str(n), dtype, out], check=True, env=env, cwd=tree)
+    subprocess.run([sys.executable, "-c", CHILD, str(n), dtype, out, quantization], check=True, env=env, cwd=tree)
     res = json.loads(Path(out).read_text())
     os.unlink(out)
     res["digest"] = hashlib.sha256(json.dumps(res.pop("tokens")).encode()).hexdigest()[:16]
@@ -61,13 +62,15 @@ def main() -> int:
     p.add_argument("--b", required=True, help="checkout B (the change)")
     p.add_argument("--num-requests", type=int, default=48)
     p.add_argument("--dtype", default="float32")
+    p.add_argument("--quantization", default="default",
+                   help="weight format for both trees (default: the model's own: gguf for the default model)")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--json", default=None)
     args = p.parse_args()
     runs: dict[str, list[dict]] = {"a": [], "b": []}
     for r in range(args.rounds):
         for name in ("a", "b"):
-            res = run_tree(Path(getattr(args, name)), args.num_requests, args.dtype)
+            res = run_tree(Path(getattr(args, name)), args.num_requests, args.dtype, args.quantization)
             runs[name].append(res)
             print(f"round {r + 1} {name}: {res['seconds']:.1f} s, {res['output_tok_s']:.1f} out tok/s, "
                   f"outputs {res['digest']}", flush=True)

@@ -98,3 +98,28 @@ def test_kernel_switch_off_falls_back(monkeypatch):
     assert type(get_attention_backend("auto")) is TorchPagedBackend
     with pytest.raises(RuntimeError, match="attention_backend='torch'"):
         get_attention_backend("cpu")
+
+
+@pytest.mark.skipif("cpu" not in BACKENDS, reason="the C++ kernels did not build here")
+def test_cpu_backend_sends_every_prompt_row_to_the_prefill_kernel():
+    """A prompt's lone row (its last token after a prefix hit, or a one-token chunk) takes the
+    prefill kernel like the prompt's other rows, so prompt rows get the same math however the prompt
+    is cached or chunked; a generated token's row stays a decode. Without prompt lengths every lone
+    row is a decode; in batch-invariant mode rows up to DECODE_ROWS_MAX are decodes as before."""
+    from tokenmill.attention.cpu_paged import DECODE_ROWS_MAX
+    layout = make_batch(random.Random(0), 64, 4, [1, 1, 5], [12, 20, 3])
+    backend = get_attention_backend("cpu")
+    layout.prompt_lens = [13, 15, 8]  # seq 0: its last prompt token; seq 1: decoding; seq 2: a chunk
+    meta = backend.build_metadata(layout)
+    assert [(p.start, p.end, p.context, p.prompt) for p in meta.prefills] == [(0, 1, 12, True), (2, 7, 3, True)]
+    assert meta.decodes.seq_lens.tolist() == [21]
+    layout.prompt_lens = None
+    meta = backend.build_metadata(layout)
+    assert meta.decodes.seq_lens.tolist() == [13, 21] and [p.prompt for p in meta.prefills] == [False]
+    layout.prompt_lens = [13, 15, 8]
+    cpu_ops.set_batch_invariant(True)
+    try:
+        meta = backend.build_metadata(layout)
+    finally:
+        cpu_ops.set_batch_invariant(False)
+    assert not meta.prefills and len(meta.decodes.seq_lens) == 2 + 5 <= 2 + DECODE_ROWS_MAX

@@ -47,6 +47,20 @@ def test_bf16_panel_linear_every_level(level, m, n, k, restore_isa):
     assert rel_err(y_nobias, F.linear(x.bfloat16().double(), w.double())) < 1e-5
 
 
+@pytest.mark.parametrize("m", [3, 200])  # 200 x 576 rounds across threads (over 64 K elements)
+def test_bf16_dot_product_path_rounds_x_as_torch_does(m, restore_isa):
+    """float32 x is rounded to bf16 inside the kernel (vcvtneps2bf16, nearest even): the same bits as
+    x.to(torch.bfloat16), so the result equals passing the rounded x (tolerance 0)."""
+    if "avx512_bf16" not in cpu_ops.runnable_levels():
+        pytest.skip(f"this CPU has no AVX512_BF16 ({cpu_ops.isa()})")
+    cpu_ops.set_isa("avx512_bf16")
+    g = torch.Generator().manual_seed(m)
+    w, x = torch.randn(96, 576, generator=g).bfloat16(), torch.randn(m, 576, generator=g) * 3
+    packed = torch.ops.tokenmill.pack_bf16_panels(w)
+    assert torch.equal(torch.ops.tokenmill.bf16_panel_linear(x, packed, 96, None),
+                       torch.ops.tokenmill.bf16_panel_linear(x.bfloat16(), packed, 96, None))
+
+
 @pytest.mark.parametrize("level", ["avx512", "avx2"])
 @pytest.mark.parametrize("m", [1, 2, 4, 7, 15, 40])
 def test_float32_panel_linear_every_level(level, m, restore_isa):

@@ -153,3 +153,30 @@ def _check_prefill_attention(lq, context, heads, kv_heads, d):
     torch.testing.assert_close(out, sdpa_causal(q, k, v, context, d ** -0.5), **TOL)
     with pytest.raises(RuntimeError, match="context \\+ Lq keys"):
         torch.ops.tokenmill.prefill_attention(q, k, v, context + 1, d ** -0.5)
+
+
+@pytest.mark.parametrize("lq,context,heads,kv_heads,d", [
+    (1, 0, 9, 3, 64), (300, 0, 9, 3, 64), (100, 50, 4, 2, 16), (129, 200, 8, 8, 24), (65, 0, 6, 1, 8),
+    (77, 33, 4, 2, 30)])
+@pytest.mark.parametrize("isa", ["auto", "avx2"])
+@pytest.mark.parametrize("kv_dtype", [torch.bfloat16, torch.float32])
+def test_prefill_attention_bf16_math(lq, context, heads, kv_heads, d, isa, kv_dtype):
+    """bf16_math=True (a bf16 cache): on AVX512_BF16 CPUs q and the softmax numerators are rounded to
+    bf16 and the products run on vdpbf16ps, checked against float64 attention over the same bf16
+    K/V with atol/rtol 2e-2 (measured: max error 0.005 on unit-normal inputs); elsewhere (`avx2`, or
+    a CPU without it) the float32 path runs, 1e-5. K/V come as the cache's bf16 or as float32 rows
+    already rounded to bf16 (a fresh prompt's own k/v)."""
+    g = torch.Generator().manual_seed(7 * lq + context)
+    q = torch.randn(lq, heads, d, generator=g)
+    k, v = (torch.randn(context + lq, kv_heads, d, generator=g).bfloat16() for _ in range(2))
+    ref = sdpa_causal(q.double(), k.double(), v.double(), context, d ** -0.5).float()
+    cpu_ops.set_isa(isa)
+    try:
+        out = torch.ops.tokenmill.prefill_attention(q, k.to(kv_dtype), v.to(kv_dtype), context, d ** -0.5, True)
+        bf16_math = cpu_ops.isa_level() == "avx512_bf16"
+    finally:
+        cpu_ops.set_isa("auto")
+    torch.testing.assert_close(out, ref, **(dict(atol=2e-2, rtol=2e-2) if bf16_math else TOL))
+    if bf16_math:  # the rounding shows: the float32 path is closer
+        f32 = torch.ops.tokenmill.prefill_attention(q, k.float(), v.float(), context, d ** -0.5, False)
+        assert (f32 - ref).abs().max() < (out - ref).abs().max() or lq == 1

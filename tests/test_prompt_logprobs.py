@@ -117,7 +117,8 @@ def test_kv_manager_gives_no_cached_prefix_to_prompt_logprobs():
 def test_preempted_request_fills_each_position_once(tiny_llama, reference):
     """A KV cache too small for both requests: one is preempted while decoding and recomputes its
     prompt, whose logprobs arrive again and must not be appended twice."""
-    llm = LLM(str(tiny_llama), dtype="float32", num_kv_blocks=14, max_num_batched_tokens=64, max_model_len=256)
+    llm = LLM(str(tiny_llama), dtype="float32", num_kv_blocks=14, block_size=16, max_num_batched_tokens=64,
+              max_model_len=256)
     ids = [prompt(20, 100), prompt(21, 100)]
     outs = llm.generate(ids, SamplingParams(max_tokens=60, temperature=0, ignore_eos=True, prompt_logprobs=1),
                         use_tqdm=False)

@@ -18,6 +18,9 @@ class BatchLayout:
     seq_lens: list[int]            # [B] context length after this step (cached + new)
     block_tables: list[list[int]]  # [B][blocks]
     block_size: int
+    # [B] prompt length of each sequence (a chunk with seq_lens[b] <= prompt_lens[b] is all prompt);
+    # None: unknown, every row counts as a generated token's
+    prompt_lens: list[int] | None = None
 
     @property
     def layout(self) -> BatchLayout:

@@ -1,6 +1,7 @@
 """CPU paged attention: decodes through our C++ kernel, which reads K/V in place from the paged cache
 (tokenmill/kernels/csrc/paged_decode.cpp); prefill chunks one sequence at a time, through our causal
-kernel (csrc/prefill_attention.cpp) in float32, else through SDPA.
+kernel (csrc/prefill_attention.cpp: float32 math, or bf16 products over a bf16 cache on AVX512_BF16
+CPUs), else through SDPA.
 
 Why: the torch backend copies every decode's whole context into a padded [B, L, Hkv, D] tensor per
 layer before SDPA reads it again; at batch 64 x 272 tokens that copy was a third of the step
@@ -51,6 +52,7 @@ class _Prefill:
     end: int
     context: int                # tokens cached before this chunk
     block_table: torch.Tensor   # [1, NB] int64
+    prompt: bool = False        # every row is a prompt token's (not a draft being verified)
 
     @cached_property
     def pieces(self) -> list[_Piece]:
@@ -98,9 +100,16 @@ class CpuPagedBackend(AttentionBackend):
     def build_metadata(self, layout: BatchLayout) -> CpuPagedMetadata:
         qsl = layout.query_start_loc
         q_lens = [qsl[b + 1] - qsl[b] for b in range(len(layout.seq_lens))]
-        rows_max = DECODE_ROWS_MAX if cpu_ops.batch_invariant() else 1
-        decode = [b for b, n in enumerate(q_lens) if n <= rows_max]
-        prefills = [_build_prefill(layout, b) for b, n in enumerate(q_lens) if n > rows_max]
+        invariant = cpu_ops.batch_invariant()
+        rows_max = DECODE_ROWS_MAX if invariant else 1
+        prompt = [layout.prompt_lens is not None and layout.seq_lens[b] <= layout.prompt_lens[b]
+                  for b in range(len(q_lens))]
+        # Outside batch-invariant mode every prompt row takes the prefill kernel, a lone one too
+        # (a prompt's last token after a prefix hit, or a chunk of one): prompt rows then get the
+        # same math (bf16 over a bf16 cache) whatever the caching and chunking
+        as_decode = [n <= rows_max and (invariant or not prompt[b]) for b, n in enumerate(q_lens)]
+        decode = [b for b in range(len(q_lens)) if as_decode[b]]
+        prefills = [_build_prefill(layout, b, prompt[b]) for b in range(len(q_lens)) if not as_decode[b]]
         decodes = _build_decodes(layout, decode, q_lens) if decode else None
         return CpuPagedMetadata(layout.slot_mapping, layout.block_size, decodes, prefills, layout)
 
@@ -138,14 +147,22 @@ def _prefill(q, k, v, kv_cache, p: _Prefill, block_size: int, scale: float, out:
     """A chunk whose window binds (some query has more keys than the window) takes the SDPA path
     with a window mask: our causal kernel has no window."""
     windowed = p.window_binds(sliding_window)
+    ours = q.dtype == torch.float32 and not windowed  # our causal kernel: [Q, H, D] x [L, Hkv, D], strided views welcome
+    # Prompt rows over a plain bf16 cache: the kernel reads its K/V as they are and, on AVX512_BF16
+    # CPUs, rounds q and the softmax numerators to bf16 too (vdpbf16ps; docs/BENCHMARKS.md, "Prefill
+    # attention in bf16"). Generated rows (decodes, drafts being verified) keep float32 math, so
+    # speculation does not change greedy outputs; batch-invariant mode keeps it everywhere.
+    bf16 = ours and p.prompt and kv_cache[0].dtype == torch.bfloat16 and not is_quantized(kv_cache) \
+        and not cpu_ops.batch_invariant()
     if p.context == 0 and fresh_equals_cache:
         # a fresh prompt in a plain cache: its keys are exactly this step's k/v, no gather needed
         kb, vb = k[p.start:p.end], v[p.start:p.end]
     else:  # cached context (or quantized storage): read what the cache holds
         length = p.context + (p.end - p.start)
-        kb, vb = (x[0, :length] for x in gather_blocks(kv_cache, p.block_table, block_size, q.dtype))
-    if q.dtype == torch.float32 and not windowed:  # our causal kernel: [Q, H, D] x [L, Hkv, D], strided views welcome
-        out[p.start:p.end] = torch.ops.tokenmill.prefill_attention(q[p.start:p.end], kb, vb, p.context, scale)
+        dtype = torch.bfloat16 if bf16 else q.dtype
+        kb, vb = (x[0, :length] for x in gather_blocks(kv_cache, p.block_table, block_size, dtype))
+    if ours:
+        out[p.start:p.end] = torch.ops.tokenmill.prefill_attention(q[p.start:p.end], kb, vb, p.context, scale, bf16)
         return
     qb = q[p.start:p.end].transpose(0, 1).unsqueeze(0)                       # [1, H, Q, D]
     kb, vb = kb.transpose(0, 1).unsqueeze(0), vb.transpose(0, 1).unsqueeze(0)  # [1, Hkv, L, D]
@@ -156,10 +173,10 @@ def _prefill(q, k, v, kv_cache, p: _Prefill, block_size: int, scale: float, out:
         out[p.start + piece.q_start:p.start + piece.q_end] = o[0].transpose(0, 1)
 
 
-def _build_prefill(layout: BatchLayout, b: int) -> _Prefill:
+def _build_prefill(layout: BatchLayout, b: int, prompt: bool) -> _Prefill:
     start, end = layout.query_start_loc[b], layout.query_start_loc[b + 1]
     table = torch.tensor([layout.block_tables[b]], dtype=torch.long)
-    return _Prefill(start, end, layout.seq_lens[b] - (end - start), table)
+    return _Prefill(start, end, layout.seq_lens[b] - (end - start), table, prompt)
 
 
 def _build_decodes(layout: BatchLayout, seqs: list[int], q_lens: list[int]) -> _Decodes:

@@ -2,8 +2,8 @@
 
   attention  decode attention per layer, batch 64 x ~262 context, 9 query / 3 KV heads, D=64:
              torch.ops.tokenmill.paged_decode vs gather_blocks + SDPA, for auto/int8/fp8 caches
-  prefill    a fresh prompt's causal attention per layer (L = 128-512): prefill_attention vs SDPA
-             in 128-query pieces
+  prefill    a fresh prompt's causal attention per layer (L = 128-2048): prefill_attention with
+             float32 math, with bf16 math over a bf16 cache (AVX512_BF16), and SDPA in 128-query pieces
   gemm       the default model's linear shapes, 30 distinct fp32 weights each, 1-1024 rows:
              panel_linear vs oneDNN with a prepacked weight (GFLOP/s; GB/s of weight at 1-8 rows)
   isa        the same shapes through every instruction-set path this CPU runs: bf16 panel GEMM
@@ -13,8 +13,9 @@
              bf16 and float32 caches, W1-like contexts (64-700 tokens), 29 and 64 sequences; every
              call reads a cache no other call touched just before (DRAM, as in a model's step),
              levels alternated; GB/s of K/V read; then ns per token with the K/V in cache
+  blocks     paged_decode (bf16 cache in huge pages, scattered blocks, DRAM) by KV block size 16-128
 
-    python -m tokenmill.bench.kernels [--threads 2] [--only attention,prefill,gemm,isa,decode]
+    python -m tokenmill.bench.kernels [--threads 2] [--only attention,prefill,gemm,isa,decode,blocks]
 """
 from __future__ import annotations
 
@@ -107,10 +108,15 @@ def gemm_isa(layers: int = 30) -> None:
 
 
 def prefill_attention(heads: int = 9, kv_heads: int = 3, d: int = 64) -> None:
-    """A fresh prompt's causal self-attention per layer: our kernel vs SDPA in 128-query pieces
-    (the path it replaced); GFLOP/s count only the unmasked half (4 * H * D * L^2 / 2)."""
-    for length in (128, 256, 512):
-        q, k, v = torch.randn(length, heads, d), torch.randn(length, kv_heads, d), torch.randn(length, kv_heads, d)
+    """A fresh prompt's causal self-attention per layer: our kernel with float32 math, with bf16 math
+    over a bf16 cache (AVX512_BF16 CPUs only; elsewhere that call runs the float32 math), and SDPA in
+    128-query pieces (the path it replaced); GFLOP/s count only the unmasked half (4 * H * D * L^2 / 2)."""
+    from tokenmill.kernels import cpu_ops
+    bf16 = cpu_ops.isa_level() == "avx512_bf16"
+    for length in (128, 256, 512, 1024, 2048):
+        q = torch.randn(length, heads, d)
+        kb, vb = torch.randn(length, kv_heads, d).bfloat16(), torch.randn(length, kv_heads, d).bfloat16()
+        k, v = kb.float(), vb.float()
         qt, kt, vt = (x.transpose(0, 1)[None] for x in (q, k, v))
 
         def pieces():
@@ -119,12 +125,52 @@ def prefill_attention(heads: int = 9, kv_heads: int = 3, d: int = 64) -> None:
                 mask = torch.arange(qe)[None, :] <= (qs + torch.arange(qe - qs))[:, None]
                 F.scaled_dot_product_attention(qt[:, :, qs:qe], kt[:, :, :qe], vt[:, :, :qe], attn_mask=mask,
                                                enable_gqa=True)
-        ours = min(_ms(lambda: torch.ops.tokenmill.prefill_attention(q, k, v, 0, d ** -0.5), 10) for _ in range(3))
-        sdpa = min(_ms(pieces, 10) for _ in range(3))
+        reps = max(1, 20 * 128 ** 2 // length ** 2)
+        f32 = min(_ms(lambda: torch.ops.tokenmill.prefill_attention(q, k, v, 0, d ** -0.5), reps) for _ in range(3))
+        b16 = min(_ms(lambda: torch.ops.tokenmill.prefill_attention(q, kb, vb, 0, d ** -0.5, True), reps)
+                  for _ in range(3))
+        sdpa = min(_ms(pieces, reps) for _ in range(3))
         flop = 2 * heads * d * length * length
-        print(f"prefill attention L={length}: prefill_attention {ours:.2f} ms ({flop / ours / 1e6:.0f} GFLOP/s), "
-              f"SDPA pieces {sdpa:.2f} ms ({flop / sdpa / 1e6:.0f} GFLOP/s); "
-              f"ratio {sdpa / ours:.2f}x")
+        print(f"prefill attention L={length}: float32 math {f32:.2f} ms ({flop / f32 / 1e6:.0f} GFLOP/s), "
+              f"{'bf16 math' if bf16 else 'bf16 cache (float32 math: no AVX512_BF16)'} {b16:.2f} ms "
+              f"({flop / b16 / 1e6:.0f} GFLOP/s), SDPA pieces {sdpa:.2f} ms ({flop / sdpa / 1e6:.0f} GFLOP/s); "
+              f"float32 / bf16 {f32 / b16:.2f}x, SDPA / float32 {sdpa / f32:.2f}x")
+
+
+def decode_blocks(heads: int = 9, kv_heads: int = 3, d: int = 64, tokens: int = 6600 * 16, rounds: int = 40) -> None:
+    """paged_decode per layer by KV block size, bf16 cache in huge pages as the engine allocates it,
+    block tables shuffled (blocks scattered through the cache), six caches in turn (DRAM reads)."""
+    import statistics
+    from tokenmill.host_memory import lazy_zeros
+    from tokenmill.kernels import cpu_ops
+    g = torch.Generator().manual_seed(0)
+
+    def cache():
+        out = []
+        for _ in range(2):
+            t = lazy_zeros(tokens * kv_heads * d * 2).view(torch.bfloat16).view(tokens, kv_heads, d)
+            out.append(t.copy_(torch.randn(tokens, kv_heads, d, generator=g)))
+        return tuple(out)
+    caches = [cache() for _ in range(6)]
+    for batch in (29, 64):
+        lens = torch.randint(64, 700, (batch,), generator=g)
+        q = torch.randn(batch, heads, d, generator=g)
+        nbytes = int(lens.sum()) * kv_heads * d * 2 * 2
+        tables = {}
+        for bs in (16, 32, 64, 128):
+            nb = (int(lens.max()) + bs - 1) // bs
+            tables[bs] = torch.randperm(tokens // bs, generator=g)[:batch * nb].view(batch, nb).contiguous()
+        times: dict[int, list[float]] = {bs: [] for bs in tables}
+        for r in range(rounds):
+            for i, (bs, table) in enumerate(tables.items()):  # block sizes alternated, caches in turn
+                c = caches[(r * len(tables) + i) % len(caches)]
+                t0 = time.perf_counter()
+                cpu_ops.paged_decode(q, c, table, lens, bs, d ** -0.5)
+                times[bs].append(time.perf_counter() - t0)
+        med = {bs: statistics.median(t) for bs, t in times.items()}
+        print(f"decode bf16 batch {batch} by block size: " +
+              ", ".join(f"{bs}: {m * 1e6:.0f} us ({nbytes / m / 1e9:.1f} GB/s)" for bs, m in med.items()) +
+              f"; 16 / 32 time {med[16] / med[32]:.2f}x")
 
 
 def decode_isa(heads: int = 9, kv_heads: int = 3, d: int = 64, bs: int = 16, num_blocks: int = 6600,
@@ -175,7 +221,7 @@ def decode_isa(heads: int = 9, kv_heads: int = 3, d: int = 64, bs: int = 16, num
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--threads", type=int, default=None)
-    p.add_argument("--only", default="attention,prefill,gemm,isa,decode", help="comma-separated sections")
+    p.add_argument("--only", default="attention,prefill,gemm,isa,decode,blocks", help="comma-separated sections")
     args = p.parse_args(argv)
     from tokenmill.kernels import cpu_ops
     if not cpu_ops.load():
@@ -184,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     sections = {"attention": attention, "prefill": prefill_attention, "gemm": gemm, "isa": gemm_isa,
-                "decode": decode_isa}
+                "decode": decode_isa, "blocks": decode_blocks}
     for name in args.only.split(","):
         if name not in sections:
             print(f"error: --only takes {', '.join(sections)}; got {name!r}", file=sys.stderr)

@@ -279,7 +279,7 @@ class ModelRunner:
         sit at the next positions and slots). A request whose known tokens are all computed
         samples: from its last row, or from all k+1 rows when it has k drafts."""
         bs = self.block_size
-        ids, pos, slots, qsl, seq_lens, tables = [], [], [], [0], [], []
+        ids, pos, slots, qsl, seq_lens, tables, prompt_lens = [], [], [], [0], [], [], []
         sample_idx, samples, prompt_rows = [], [], []
         for rid, n in out.num_scheduled_tokens.items():
             req = self.requests[rid]
@@ -296,11 +296,12 @@ class ModelRunner:
                 prompt_rows.append(PromptRows(rid, qsl[-1], start, req.token_ids[start + 1:start + count + 1], k))
             qsl.append(qsl[-1] + n)
             seq_lens.append(start + n)
+            prompt_lens.append(len(req.prompt_token_ids))
             tables.append(req.block_ids)
             if start + n - len(drafts) == len(req.token_ids):
                 sample_idx.extend(range(qsl[-1] - len(drafts) - 1, qsl[-1]))
                 samples.append((req, drafts))
-        layout = BatchLayout(torch.from_numpy(np.concatenate(slots)), qsl, seq_lens, tables, bs)
+        layout = BatchLayout(torch.from_numpy(np.concatenate(slots)), qsl, seq_lens, tables, bs, prompt_lens)
         return (torch.from_numpy(np.concatenate(ids)), torch.from_numpy(np.concatenate(pos)),
                 layout, sample_idx, samples, prompt_rows)
 
@@ -313,7 +314,7 @@ class ModelRunner:
         blocks = list(range(-(-n // self.block_size)))
         if len(blocks) > self.num_blocks:
             raise ValueError(f"text of {n} tokens does not fit in the KV cache")
-        layout = BatchLayout(torch.arange(n), [0, n], [n], [blocks], self.block_size)
+        layout = BatchLayout(torch.arange(n), [0, n], [n], [blocks], self.block_size, [n])
         meta = self.backend.build_metadata(layout)
         hidden = self.model(torch.tensor(token_ids), torch.arange(n), self.kv_caches, self.backend, meta)
         return self.model.compute_logits(hidden)

@@ -128,6 +128,23 @@ at::Tensor pack_bf16_panels(const at::Tensor& weight) {
   return packed;
 }
 
+// x as contiguous bf16 rows. float32 rows are rounded here (vcvtneps2bf16) rather than by
+// x.to(kBFloat16): at decode sizes ATen's conversion cost ~20 us a call, mostly dispatch
+// (`python -m tokenmill.bench.profile`: 3.5% of a W1 run in bf16), for a few microseconds of work.
+at::Tensor bf16_rows(const at::Tensor& x) {
+  if (x.scalar_type() != at::kFloat) return x.to(at::kBFloat16).contiguous();
+  const at::Tensor xf = x.contiguous();
+  auto out = at::empty(xf.sizes(), xf.options().dtype(at::kBFloat16));
+  const float* src = xf.data_ptr<float>();
+  auto* dst = reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>());
+  const int64_t n = xf.numel(), grain = 1 << 16;  // elements per task: small inputs stay on one thread
+  at::parallel_for(0, (n + grain - 1) / grain, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i)
+      tm_avx512_bf16::round_to_bf16(src + i * grain, dst + i * grain, std::min(grain, n - i * grain));
+  });
+  return out;
+}
+
 at::Tensor bf16_panel_linear(const at::Tensor& x, const at::Tensor& packed, int64_t N,
                              const c10::optional<at::Tensor>& bias) {
   TORCH_CHECK(x.dim() == 2 && (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16),
@@ -152,7 +169,7 @@ at::Tensor bf16_panel_linear(const at::Tensor& x, const at::Tensor& packed, int6
   // batch-invariant mode: there every row count takes the dot-product path (x rounded to bf16)
   const bool dp = level == tokenmill_isa::Level::kAvx512Bf16 && (M > 2 || tokenmill_isa::batch_invariant());
   // the dot-product path reads bf16 rows; the widening paths float32 rows
-  const at::Tensor xc = (dp ? x.to(at::kBFloat16) : x.to(at::kFloat)).contiguous();
+  const at::Tensor xc = dp ? bf16_rows(x) : x.to(at::kFloat).contiguous();
   const auto* pp = reinterpret_cast<const uint16_t*>(packed.data_ptr<at::BFloat16>());
   float* yp = y.data_ptr<float>();
   const int64_t panel_size = packed.size(1) * kBf16PanelPairStride;

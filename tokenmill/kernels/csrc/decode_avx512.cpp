@@ -14,6 +14,7 @@
 //   (written as two calls per tile: one helper looping over the same rows measured 1.3x slower).
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 
@@ -228,6 +229,25 @@ bool dispatch(const float* q, const T* k, const T* v, const int64_t* slots, int6
 
 namespace tm_avx512 {
 
+float row_max(const float* s, int64_t n) {
+  __m512 m = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  for (int64_t i = 0; i < n; i += 16)
+    m = _mm512_max_ps(m, _mm512_mask_loadu_ps(m, tm_avx512_decode::first_lanes(n - i), s + i));
+  return _mm512_reduce_max_ps(m);
+}
+
+float exp_sub_sum(float* s, int64_t n, float mx) {
+  const __m512 m = _mm512_set1_ps(mx);
+  __m512 sum = _mm512_setzero_ps();
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 k = tm_avx512_decode::first_lanes(n - i);
+    const __m512 e = tm_avx512_decode::exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, s + i), m));
+    _mm512_mask_storeu_ps(s + i, k, e);
+    sum = _mm512_mask_add_ps(sum, k, sum, e);
+  }
+  return _mm512_reduce_add_ps(sum);
+}
+
 int64_t decode_scratch_floats(int64_t G, int64_t len, int64_t D, int64_t heads) {
   return 2 * heads * G * D + G * tm_avx512_decode::TB * 16 + heads * G * len;
 }
@@ -250,6 +270,8 @@ bool decode_heads(const float* q, const void* k, const void* v, bool bf16, const
 #else  // not x86-64 GCC/Clang: no AVX-512 path
 
 namespace tm_avx512 {
+float row_max(const float*, int64_t) { std::abort(); }
+float exp_sub_sum(float*, int64_t, float) { std::abort(); }
 int64_t decode_scratch_floats(int64_t, int64_t, int64_t, int64_t) { return 0; }
 bool decode_heads(const float*, const void*, const void*, bool, const int64_t*, int64_t, float*, int64_t, int64_t,
                   int64_t, int64_t, int64_t, float, float*) {

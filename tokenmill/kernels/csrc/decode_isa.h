@@ -18,4 +18,9 @@ bool decode_heads(const float* q, const void* k, const void* v, bool bf16, const
                   float* scratch);
 int64_t decode_scratch_floats(int64_t G, int64_t len, int64_t D, int64_t heads);
 
+// vec_math.h's row_max and exp_sub_sum on 16 lanes with masked tails (no scalar libm tail); the
+// prefill attention's softmax uses them too.
+float row_max(const float* s, int64_t n);
+float exp_sub_sum(float* s, int64_t n, float mx);
+
 }  // namespace tm_avx512

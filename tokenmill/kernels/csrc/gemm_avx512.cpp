@@ -51,8 +51,9 @@ inline __m512 dp(__m512 acc, __m512i a, __m512i b) {
   return _mm512_dpbf16_ps(acc, reinterpret_cast<__m512bh&>(a), reinterpret_cast<__m512bh&>(b));
 }
 
-// bf16 x bf16 -> f32 through vdpbf16ps: each instruction does 16 columns x one k-pair.
-template <int MR, int S = sets_for(MR)>
+// bf16 x bf16 -> f32 through vdpbf16ps: each instruction does 16 columns x one k-pair (ACC: y += ...,
+// for prefill attention's O += P V).
+template <int MR, int S = sets_for(MR), bool ACC = false>
 void bf16_dp_kernel(const uint16_t* x, int64_t lda, int64_t K, const uint16_t* p, const float* bias, float* y,
                     int64_t ldy, int64_t ncols) {
   __m512 c0[S][MR], c1[S][MR];
@@ -102,8 +103,8 @@ void bf16_dp_kernel(const uint16_t* x, int64_t lda, int64_t K, const uint16_t* p
       c0[0][r] = _mm512_add_ps(c0[0][r], c0[s][r]);
       c1[0][r] = _mm512_add_ps(c1[0][r], c1[s][r]);
     }
-    store16(y + r * ldy, bias, c0[0][r], ncols);
-    store16(y + r * ldy + 16, bias ? bias + 16 : nullptr, c1[0][r], ncols - 16);
+    store16<ACC>(y + r * ldy, bias, c0[0][r], ncols);
+    store16<ACC>(y + r * ldy + 16, bias ? bias + 16 : nullptr, c1[0][r], ncols - 16);
   }
 }
 
@@ -194,6 +195,11 @@ using F32Fn = void (*)(const float*, int64_t, int64_t, const float*, const float
 constexpr Bf16DpFn kBf16Dp[] = {nullptr, bf16_dp_kernel<1>, bf16_dp_kernel<2>, bf16_dp_kernel<3>, bf16_dp_kernel<4>,
                                 bf16_dp_kernel<5>, bf16_dp_kernel<6>, bf16_dp_kernel<7>, bf16_dp_kernel<8>,
                                 bf16_dp_kernel<9>, bf16_dp_kernel<10>, bf16_dp_kernel<11>, bf16_dp_kernel<12>};
+template <int MR, int S = sets_for(MR)>
+constexpr Bf16DpFn kBf16DpAccOf = bf16_dp_kernel<MR, S, true>;
+constexpr Bf16DpFn kBf16DpAcc[] = {nullptr, kBf16DpAccOf<1>, kBf16DpAccOf<2>, kBf16DpAccOf<3>, kBf16DpAccOf<4>,
+                                   kBf16DpAccOf<5>, kBf16DpAccOf<6>, kBf16DpAccOf<7>, kBf16DpAccOf<8>,
+                                   kBf16DpAccOf<9>, kBf16DpAccOf<10>, kBf16DpAccOf<11>, kBf16DpAccOf<12>};
 constexpr WidenFn kWiden[] = {nullptr, bf16_widen_kernel<1>, bf16_widen_kernel<2>, bf16_widen_kernel<3>,
                               bf16_widen_kernel<4>, bf16_widen_kernel<5>, bf16_widen_kernel<6>,
                               bf16_widen_kernel<7>, bf16_widen_kernel<8>};
@@ -209,6 +215,10 @@ constexpr Bf16DpFn kBf16DpInvariant[] = {
     nullptr, bf16_dp_kernel<1, 1>, bf16_dp_kernel<2, 1>, bf16_dp_kernel<3, 1>, bf16_dp_kernel<4, 1>,
     bf16_dp_kernel<5>, bf16_dp_kernel<6>, bf16_dp_kernel<7>, bf16_dp_kernel<8>, bf16_dp_kernel<9>,
     bf16_dp_kernel<10>, bf16_dp_kernel<11>, bf16_dp_kernel<12>};
+constexpr Bf16DpFn kBf16DpAccInvariant[] = {
+    nullptr, kBf16DpAccOf<1, 1>, kBf16DpAccOf<2, 1>, kBf16DpAccOf<3, 1>, kBf16DpAccOf<4, 1>, kBf16DpAccOf<5>,
+    kBf16DpAccOf<6>, kBf16DpAccOf<7>, kBf16DpAccOf<8>, kBf16DpAccOf<9>, kBf16DpAccOf<10>, kBf16DpAccOf<11>,
+    kBf16DpAccOf<12>};
 template <bool ACC>
 constexpr F32Fn kF32Invariant[] = {nullptr, f32_kernel<1, ACC, 1>, f32_kernel<2, ACC, 1>, f32_kernel<3, ACC, 1>,
                                    f32_kernel<4, ACC, 1>, f32_kernel<5, ACC>, f32_kernel<6, ACC>, f32_kernel<7, ACC>,
@@ -225,6 +235,24 @@ void bf16_panel_rows(const uint16_t* x, int64_t lda, int64_t M, int64_t K, const
     row_blocks<12>(x, lda, M, K, panel, bias, y, ldy, ncols, kBf16DpInvariant);
   else
     row_blocks<12>(x, lda, M, K, panel, bias, y, ldy, ncols, kBf16Dp);
+}
+void bf16_panel_rows_acc(const uint16_t* x, int64_t lda, int64_t M, int64_t K, const uint16_t* panel, float* y,
+                         int64_t ldy, int64_t ncols) {
+  const float* none = nullptr;
+  if (tokenmill_isa::batch_invariant())
+    row_blocks<12>(x, lda, M, K, panel, none, y, ldy, ncols, kBf16DpAccInvariant);
+  else
+    row_blocks<12>(x, lda, M, K, panel, none, y, ldy, ncols, kBf16DpAcc);
+}
+void round_to_bf16(const float* x, uint16_t* y, int64_t n) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + i), reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(_mm512_loadu_ps(x + i))));
+  if (i < n) {
+    const __mmask16 m = cols_mask(n - i);
+    const __m256bh r = _mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(m, x + i));
+    _mm256_mask_storeu_epi16(y + i, m, reinterpret_cast<const __m256i&>(r));
+  }
 }
 }  // namespace tm_avx512_bf16
 
@@ -256,6 +284,10 @@ void f32_panel_rows_acc(const float* x, int64_t lda, int64_t M, int64_t K, const
 namespace tm_avx512_bf16 {
 void bf16_panel_rows(const uint16_t*, int64_t, int64_t, int64_t, const uint16_t*, const float*, float*, int64_t,
                      int64_t) { std::abort(); }
+void bf16_panel_rows_acc(const uint16_t*, int64_t, int64_t, int64_t, const uint16_t*, float*, int64_t, int64_t) {
+  std::abort();
+}
+void round_to_bf16(const float*, uint16_t*, int64_t) { std::abort(); }
 }  // namespace tm_avx512_bf16
 namespace tm_avx512 {
 void bf16_panel_rows(const float*, int64_t, int64_t, int64_t, const uint16_t*, const float*, float*, int64_t,

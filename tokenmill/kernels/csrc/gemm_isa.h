@@ -17,6 +17,11 @@ constexpr int64_t kBf16PanelPairStride = 64;  // uint16 per k-pair row of a pane
 namespace tm_avx512_bf16 {
 void bf16_panel_rows(const uint16_t* x, int64_t lda, int64_t M, int64_t K, const uint16_t* panel,
                      const float* bias, float* y, int64_t ldy, int64_t ncols);
+// y[M, ncols] += x . panel (prefill attention's O += P V in bf16)
+void bf16_panel_rows_acc(const uint16_t* x, int64_t lda, int64_t M, int64_t K, const uint16_t* panel, float* y,
+                         int64_t ldy, int64_t ncols);
+// y[0:n] = x[0:n] rounded to bf16 (nearest even; vcvtneps2bf16)
+void round_to_bf16(const float* x, uint16_t* y, int64_t n);
 }  // namespace tm_avx512_bf16
 
 // The same from float32 x: bf16 weights widened in registers (AVX-512F, AVX2) or scalar.

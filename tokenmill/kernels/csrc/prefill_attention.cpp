@@ -16,16 +16,27 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <vector>
 
 #include "cpu_isa.h"
+#include "decode_isa.h"
 #include "gemm_isa.h"
 #include "gemm_micro.h"
 
 namespace {
 
 using tokenmill_gemm::NR;
+constexpr int64_t BC = tokenmill_gemm::kBf16PanelCols;        // keys (S) or dims (O) per bf16 panel
+constexpr int64_t PS = tokenmill_gemm::kBf16PanelPairStride;  // uint16 per k-pair row of a bf16 panel
+
+// float32 -> bf16 bits, rounded to nearest even (finite values: scores and scaled queries)
+inline uint16_t bf16_bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof(u));
+  return static_cast<uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
 
 // S = Q K^T and O += P V blocks: the AVX-512 micro-kernel where the CPU has it (gemm_avx512.cpp)
 void s_rows(bool avx512, const float* x, int64_t lda, int64_t M, int64_t K, const float* panel, float* y,
@@ -43,15 +54,70 @@ void o_rows(bool avx512, const float* x, int64_t lda, int64_t M, int64_t K, cons
 constexpr int64_t QB = 32;  // queries per task and head
 constexpr int64_t KB = 64;  // keys per block (4 panels)
 
+// One task's working set: its M = G * nq query rows (row g * nq + i: query q0 + i of head h * G + g).
 struct Scratch {
   std::vector<float> q, s, o, m, l;
+  std::vector<uint16_t> qb, pb;  // bf16 path: q rows, and the block's softmax numerators
+
+  void start(int64_t M, int64_t D) {
+    q.resize(M * D);
+    s.resize(M * KB);
+    o.assign(M * D, 0.f);
+    m.assign(M, -std::numeric_limits<float>::infinity());
+    l.assign(M, 0.f);
+  }
+  // out rows = o / l
+  void finish(float* out, int64_t q0, int64_t nq, int64_t h, int64_t G, int64_t D, int64_t H) const {
+    for (int64_t g = 0; g < G; ++g)
+      for (int64_t i = 0; i < nq; ++i) {
+        const int64_t r = g * nq + i;
+        const float inv = 1.f / l[r];
+        const float* src = o.data() + r * D;
+        float* dst = out + ((q0 + i) * H + h * G + g) * D;
+        for (int64_t d = 0; d < D; ++d) dst[d] = src[d] * inv;
+      }
+  }
 };
 
+// The task's query rows, pre-scaled, into dst [M][D].
+void gather_q(const float* q, int64_t q0, int64_t nq, int64_t h, int64_t G, int64_t D, const int64_t qs[2],
+              float scale, float* dst) {
+  for (int64_t g = 0; g < G; ++g)
+    for (int64_t i = 0; i < nq; ++i) {
+      const float* src = q + (q0 + i) * qs[0] + (h * G + g) * qs[1];
+      float* row = dst + (g * nq + i) * D;
+      for (int64_t d = 0; d < D; ++d) row[d] = src[d] * scale;
+    }
+}
+
 // exp(s[j] - mx) for j < n in place, 0 for n <= j < width; returns the sum of the first n.
-inline float exp_row(float* s, int64_t n, int64_t width, float mx) {
-  const float sum = exp_sub_sum(s, n, mx);
+inline float exp_row(bool avx512, float* s, int64_t n, int64_t width, float mx) {
+  const float sum = avx512 ? tm_avx512::exp_sub_sum(s, n, mx) : exp_sub_sum(s, n, mx);
   std::fill(s + n, s + width, 0.f);
   return sum;
+}
+
+// Online softmax over one key block [kb0, kb0 + nk) of scores w.s [M][KB]; row r (query position
+// pos0 + r % nq) sees the keys up to its own position. Rows become exp(s - m) (0 past what they see),
+// m and l are updated and o rescaled where the running max moved.
+void softmax_block(bool avx512, Scratch& w, int64_t M, int64_t nq, int64_t D, int64_t pos0, int64_t kb0,
+                   int64_t nk) {
+  for (int64_t r = 0; r < M; ++r) {
+    const int64_t n = std::clamp<int64_t>(pos0 + r % nq - kb0 + 1, 0, nk);  // keys it may see in this block
+    float* s = w.s.data() + r * KB;
+    if (n == 0) {
+      std::fill(s, s + nk, 0.f);
+      continue;
+    }
+    const float mx = std::max(w.m[r], avx512 ? tm_avx512::row_max(s, n) : row_max(s, n));
+    const float alpha = std::exp(w.m[r] - mx);
+    w.l[r] = w.l[r] * alpha + exp_row(avx512, s, n, nk, mx);
+    w.m[r] = mx;
+    if (alpha != 1.f) {
+      float* o = w.o.data() + r * D;
+      for (int64_t d = 0; d < D; ++d) o[d] *= alpha;
+    }
+  }
 }
 
 // kp: this KV head's keys packed transposed, [Lk/16][D][16]; vp: its values, [D/16][Lk16][16].
@@ -60,67 +126,108 @@ void attend_block(const float* q, const float* kp, const float* vp, int64_t Lk16
                   float scale, Scratch& w) {
   const int64_t M = G * nq, dpanels = (D + NR - 1) / NR;
   const bool avx512 = tokenmill_isa::active_level() >= tokenmill_isa::Level::kAvx512;
-  w.q.resize(M * D);
-  w.s.resize(M * KB);
-  w.o.assign(M * D, 0.f);
-  w.m.assign(M, -std::numeric_limits<float>::infinity());
-  w.l.assign(M, 0.f);
-  for (int64_t g = 0; g < G; ++g)  // row g * nq + i: query q0 + i of head h * G + g, pre-scaled
-    for (int64_t i = 0; i < nq; ++i) {
-      const float* src = q + (q0 + i) * qs[0] + (h * G + g) * qs[1];
-      float* dst = w.q.data() + (g * nq + i) * D;
-      for (int64_t d = 0; d < D; ++d) dst[d] = src[d] * scale;
-    }
+  w.start(M, D);
+  gather_q(q, q0, nq, h, G, D, qs, scale, w.q.data());
   const int64_t kend = context + q0 + nq;  // keys any row of this block may see
   for (int64_t kb0 = 0; kb0 < kend; kb0 += KB) {
     const int64_t nk = std::min(KB, kend - kb0);
     for (int64_t p = 0; p * NR < nk; ++p)
       s_rows(avx512, w.q.data(), D, M, D, kp + (kb0 / NR + p) * D * NR, w.s.data() + p * NR, KB,
              std::min(NR, nk - p * NR));
-    for (int64_t r = 0; r < M; ++r) {
-      const int64_t pos = context + q0 + r % nq;                        // the row's absolute position
-      const int64_t n = std::clamp<int64_t>(pos - kb0 + 1, 0, nk);     // keys it may see in this block
-      float* s = w.s.data() + r * KB;
-      if (n == 0) {
-        std::fill(s, s + nk, 0.f);
-        continue;
-      }
-      const float mx = std::max(w.m[r], row_max(s, n));
-      const float alpha = std::exp(w.m[r] - mx);
-      w.l[r] = w.l[r] * alpha + exp_row(s, n, nk, mx);
-      w.m[r] = mx;
-      if (alpha != 1.f) {
-        float* o = w.o.data() + r * D;
-        for (int64_t d = 0; d < D; ++d) o[d] *= alpha;
-      }
-    }
+    softmax_block(avx512, w, M, nq, D, context + q0, kb0, nk);
     for (int64_t p = 0; p < dpanels; ++p)
       o_rows(avx512, w.s.data(), KB, M, nk, vp + (p * Lk16 + kb0) * NR, w.o.data() + p * NR, D,
              std::min(NR, D - p * NR));
   }
-  for (int64_t g = 0; g < G; ++g)
-    for (int64_t i = 0; i < nq; ++i) {
-      const int64_t r = g * nq + i;
-      const float inv = 1.f / w.l[r];
-      const float* o = w.o.data() + r * D;
-      float* dst = out + ((q0 + i) * H + h * G + g) * D;
-      for (int64_t d = 0; d < D; ++d) dst[d] = o[d] * inv;
-    }
+  w.finish(out, q0, nq, h, G, D, H);
 }
 
-at::Tensor prefill_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t context,
-                             double scale) {
-  TORCH_CHECK(q.scalar_type() == at::kFloat && k.scalar_type() == at::kFloat && v.scalar_type() == at::kFloat,
-              "float32 only");
-  TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && v.dim() == 3 && k.sizes() == v.sizes(), "q [Lq, H, D], k/v [Lk, Hkv, D]");
-  TORCH_CHECK(q.stride(2) == 1 && k.stride(2) == 1 && v.stride(2) == 1, "the last dimension must be contiguous");
-  const int64_t Lq = q.size(0), H = q.size(1), D = q.size(2), Hkv = k.size(1);
-  TORCH_CHECK(k.size(2) == D && Hkv > 0 && H % Hkv == 0, "head shapes do not match");
-  TORCH_CHECK(context >= 0 && k.size(0) == context + Lq, "k/v must hold context + Lq keys");
-  auto out = at::empty({Lq, H, D}, q.options());
-  if (Lq == 0) return out;
-  const int64_t G = H / Hkv, qblocks = (Lq + QB - 1) / QB, tasks = Hkv * qblocks;
+// bf16 path (AVX512_BF16 CPUs, bf16 KV caches): q and the softmax numerators rounded to bf16, S = Q K^T
+// and O += P V on vdpbf16ps (the linear layers' bf16 panel kernel), softmax and O in float32.
+// kp: this KV head's keys in bf16 panels of 32 keys, [Lk32/32][D2][32][2] (pairs along D);
+// vp: its values in panels of 32 dims, [D32/32][Lk2][32][2] (pairs along the keys).
+void attend_block_bf16(const float* q, const uint16_t* kp, const uint16_t* vp, int64_t Lk2, float* out,
+                       int64_t context, int64_t q0, int64_t nq, int64_t h, int64_t G, int64_t D, const int64_t qs[2],
+                       int64_t H, float scale, Scratch& w) {
+  const int64_t M = G * nq, D2 = (D + 1) / 2, dpanels = (D + BC - 1) / BC;
+  w.start(M, D);
+  gather_q(q, q0, nq, h, G, D, qs, scale, w.q.data());
+  w.qb.resize(M * D);
+  w.pb.resize(M * KB);
+  tm_avx512_bf16::round_to_bf16(w.q.data(), w.qb.data(), M * D);
+  const int64_t kend = context + q0 + nq;
+  for (int64_t kb0 = 0; kb0 < kend; kb0 += KB) {
+    const int64_t nk = std::min(KB, kend - kb0);
+    for (int64_t p = 0; p * BC < nk; ++p)
+      tm_avx512_bf16::bf16_panel_rows(w.qb.data(), D, M, D, kp + (kb0 / BC + p) * D2 * PS, nullptr,
+                                      w.s.data() + p * BC, KB, std::min(BC, nk - p * BC));
+    softmax_block(true, w, M, nq, D, context + q0, kb0, nk);
+    for (int64_t r = 0; r < M; ++r) tm_avx512_bf16::round_to_bf16(w.s.data() + r * KB, w.pb.data() + r * KB, nk);
+    for (int64_t p = 0; p < dpanels; ++p)
+      tm_avx512_bf16::bf16_panel_rows_acc(w.pb.data(), KB, M, nk, vp + (p * Lk2 + kb0 / 2) * PS,
+                                          w.o.data() + p * BC, D, std::min(BC, D - p * BC));
+  }
+  w.finish(out, q0, nq, h, G, D, H);
+}
+
+// Element (row j, head h, dim d) of a float32 or bf16 [L, Hkv, D] view, as bf16 bits.
+struct Bf16Source {
+  const void* data;
+  int64_t s0, s1;
+  bool bf16;
+  explicit Bf16Source(const at::Tensor& t)
+      : data(t.data_ptr()), s0(t.stride(0)), s1(t.stride(1)), bf16(t.scalar_type() == at::kBFloat16) {}
+  uint16_t operator()(int64_t j, int64_t h, int64_t d) const {
+    const int64_t i = j * s0 + h * s1 + d;
+    return bf16 ? static_cast<const uint16_t*>(data)[i] : bf16_bits(static_cast<const float*>(data)[i]);
+  }
+};
+
+// Runs `task(h, q0, nq)` for every (KV head, block of QB queries), zig-zag over the query blocks
+// (0, last, 1, last-1, ...) so that contiguous thread ranges get equal work.
+template <typename Task>
+void for_query_blocks(int64_t Hkv, int64_t Lq, const Task& task) {
+  const int64_t qblocks = (Lq + QB - 1) / QB;
+  at::parallel_for(0, Hkv * qblocks, 1, [&](int64_t begin, int64_t end) {
+    Scratch w;
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t h = t % Hkv, z = t / Hkv, qb = z % 2 == 0 ? z / 2 : qblocks - 1 - z / 2;
+      task(w, h, qb * QB, std::min(QB, Lq - qb * QB));
+    }
+  });
+}
+
+void prefill_bf16(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t context, float scale,
+                  at::Tensor& out) {
+  const int64_t Lq = q.size(0), H = q.size(1), D = q.size(2), Hkv = k.size(1), G = H / Hkv, Lk = k.size(0);
+  const int64_t kpanels = (Lk + BC - 1) / BC, D2 = (D + 1) / 2, dpanels = (D + BC - 1) / BC, Lk2 = (Lk + 1) / 2;
+  const int64_t kstride = kpanels * D2 * PS, vstride = dpanels * Lk2 * PS;  // uint16 per KV head
+  std::vector<uint16_t> kpack(Hkv * kstride, 0), vpack(Hkv * vstride, 0);
+  const Bf16Source kb(k), vb(v);
+  at::parallel_for(0, Hkv * kpanels, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t h = t / kpanels, j0 = (t % kpanels) * BC;
+      uint16_t* kdst = kpack.data() + h * kstride + (j0 / BC) * D2 * PS;  // [D2][32][2] of keys j0..j0+31
+      uint16_t* vdst = vpack.data() + h * vstride;                           // [dpanel][Lk2][32][2]
+      for (int64_t j = j0; j < std::min(j0 + BC, Lk); ++j)
+        for (int64_t d = 0; d < D; ++d) {
+          kdst[(d / 2) * PS + (j - j0) * 2 + (d & 1)] = kb(j, h, d);
+          vdst[((d / BC) * Lk2 + j / 2) * PS + (d % BC) * 2 + (j & 1)] = vb(j, h, d);
+        }
+    }
+  });
   const int64_t qs[2] = {q.stride(0), q.stride(1)};
+  const float* qp = q.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  for_query_blocks(Hkv, Lq, [&](Scratch& w, int64_t h, int64_t q0, int64_t nq) {
+    attend_block_bf16(qp, kpack.data() + h * kstride, vpack.data() + h * vstride, Lk2, op, context, q0, nq, h, G, D,
+                      qs, H, scale, w);
+  });
+}
+
+void prefill_f32(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t context, float scale,
+                 at::Tensor& out) {
+  const int64_t Lq = q.size(0), H = q.size(1), D = q.size(2), Hkv = k.size(1), G = H / Hkv;
   // Pack every KV head's keys (transposed) and values into 16-wide panels once; tasks share them.
   const int64_t Lk = k.size(0), Lk16 = (Lk + NR - 1) / NR * NR, dpanels = (D + NR - 1) / NR;
   std::vector<float> kpack(Hkv * Lk16 * D, 0.f), vpack(Hkv * dpanels * Lk16 * NR, 0.f);
@@ -139,26 +246,43 @@ at::Tensor prefill_attention(const at::Tensor& q, const at::Tensor& k, const at:
       }
     }
   });
+  const int64_t qs[2] = {q.stride(0), q.stride(1)};
   const float* qp = q.data_ptr<float>();
   float* op = out.data_ptr<float>();
-  const float s = static_cast<float>(scale);
-  at::parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) {
-    Scratch w;
-    for (int64_t t = begin; t < end; ++t) {
-      // zig-zag over query blocks (0, last, 1, last-1, ...): contiguous thread ranges get equal work
-      const int64_t h = t % Hkv, z = t / Hkv, qb = z % 2 == 0 ? z / 2 : qblocks - 1 - z / 2;
-      const int64_t q0 = qb * QB;
-      attend_block(qp, kpack.data() + h * Lk16 * D, vpack.data() + h * dpanels * Lk16 * NR, Lk16, op, context, q0,
-                   std::min(QB, Lq - q0), h, G, D, qs, H, s, w);
-    }
+  for_query_blocks(Hkv, Lq, [&](Scratch& w, int64_t h, int64_t q0, int64_t nq) {
+    attend_block(qp, kpack.data() + h * Lk16 * D, vpack.data() + h * dpanels * Lk16 * NR, Lk16, op, context, q0, nq,
+                 h, G, D, qs, H, scale, w);
   });
+}
+
+// k/v float32 or bfloat16. bf16_math: the caller accepts q and the softmax numerators rounded to bf16
+// (a bf16 model, whose K/V are bf16 in the cache already); taken where the CPU has AVX512_BF16.
+at::Tensor prefill_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t context,
+                             double scale, bool bf16_math) {
+  TORCH_CHECK(q.scalar_type() == at::kFloat, "q: float32");
+  TORCH_CHECK(k.scalar_type() == v.scalar_type() && (k.scalar_type() == at::kFloat || k.scalar_type() == at::kBFloat16),
+              "k/v: both float32 or both bfloat16");
+  TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && v.dim() == 3 && k.sizes() == v.sizes(), "q [Lq, H, D], k/v [Lk, Hkv, D]");
+  TORCH_CHECK(q.stride(2) == 1 && k.stride(2) == 1 && v.stride(2) == 1, "the last dimension must be contiguous");
+  const int64_t Lq = q.size(0), H = q.size(1), D = q.size(2), Hkv = k.size(1);
+  TORCH_CHECK(k.size(2) == D && Hkv > 0 && H % Hkv == 0, "head shapes do not match");
+  TORCH_CHECK(context >= 0 && k.size(0) == context + Lq, "k/v must hold context + Lq keys");
+  auto out = at::empty({Lq, H, D}, q.options());
+  if (Lq == 0) return out;
+  const float s = static_cast<float>(scale);
+  if (bf16_math && tokenmill_isa::active_level() == tokenmill_isa::Level::kAvx512Bf16)
+    prefill_bf16(q, k, v, context, s, out);
+  else if (k.scalar_type() == at::kFloat)
+    prefill_f32(q, k, v, context, s, out);
+  else
+    prefill_f32(q, k.to(at::kFloat), v.to(at::kFloat), context, s, out);
   return out;
 }
 
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(tokenmill, m) {
-  m.def("prefill_attention(Tensor q, Tensor k, Tensor v, int context, float scale) -> Tensor");
+  m.def("prefill_attention(Tensor q, Tensor k, Tensor v, int context, float scale, bool bf16_math=False) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(tokenmill, CPU, m) { m.impl("prefill_attention", &prefill_attention); }
