@@ -104,7 +104,8 @@ def test_kernel_switch_off_falls_back(monkeypatch):
 def test_cpu_backend_sends_every_prompt_row_to_the_prefill_kernel():
     """A prompt's lone row (its last token after a prefix hit, or a one-token chunk) takes the
     prefill kernel like the prompt's other rows, so prompt rows get the same math however the prompt
-    is cached or chunked; a generated token's row stays a decode. Without prompt lengths every lone
+    is cached or chunked; a generated token's row stays a decode, and a chunk running past its prompt
+    (a preempted request's recompute) is split where the prompt ends. Without prompt lengths every lone
     row is a decode; in batch-invariant mode rows up to DECODE_ROWS_MAX are decodes as before."""
     from tokenmill.attention.cpu_paged import DECODE_ROWS_MAX
     layout = make_batch(random.Random(0), 64, 4, [1, 1, 5], [12, 20, 3])
@@ -113,6 +114,9 @@ def test_cpu_backend_sends_every_prompt_row_to_the_prefill_kernel():
     meta = backend.build_metadata(layout)
     assert [(p.start, p.end, p.context, p.prompt) for p in meta.prefills] == [(0, 1, 12, True), (2, 7, 3, True)]
     assert meta.decodes.seq_lens.tolist() == [21]
+    layout.prompt_lens = [13, 15, 6]  # seq 2 recomputes 3 prompt tokens and 2 generated ones (preempted)
+    meta = backend.build_metadata(layout)
+    assert [(p.start, p.end, p.context, p.prompt) for p in meta.prefills][1:] == [(2, 5, 3, True), (5, 7, 6, False)]
     layout.prompt_lens = None
     meta = backend.build_metadata(layout)
     assert meta.decodes.seq_lens.tolist() == [13, 21] and [p.prompt for p in meta.prefills] == [False]

@@ -166,3 +166,19 @@ def test_max_tokens_beyond_the_context_is_refused(tiny_llama):
     free = llm.generate([{"prompt_token_ids": list(range(3, 43))}],
                         SamplingParams(max_tokens=None, temperature=0, ignore_eos=True), use_tqdm=False)[0]
     assert len(free.outputs[0].token_ids) == 24 and free.outputs[0].finish_reason == "length"
+
+
+def test_bfloat16_chunking_and_preemption_outputs_identical(tiny_llama, prompts):
+    """bfloat16 (bf16 KV cache; on AVX512_BF16 CPUs prompt rows attend with bf16 products, generated
+    rows with float32 math): 7-token chunks, and a cache small enough to preempt (recompute chunks
+    run past the prompt), give the same greedy tokens as each prompt alone. Where such a chunk is
+    split is checked in tests/test_attention_backends.py."""
+    subset = prompts[:12]
+    alone_llm = LLM(str(tiny_llama), dtype="bfloat16", num_kv_blocks=256, block_size=4, enable_prefix_caching=False)
+    alone = [_generate(alone_llm, [p])[0] for p in subset]
+    chunked = LLM(str(tiny_llama), dtype="bfloat16", num_kv_blocks=256, block_size=4, max_num_batched_tokens=7,
+                  max_num_seqs=12, enable_prefix_caching=False)
+    assert _generate(chunked, subset) == alone
+    small = LLM(str(tiny_llama), dtype="bfloat16", block_size=4, num_kv_blocks=24, enable_prefix_caching=False)
+    assert _generate(small, subset) == alone
+    assert small.llm_engine.core.scheduler.num_preemptions > 0

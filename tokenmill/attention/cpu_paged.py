@@ -109,7 +109,7 @@ class CpuPagedBackend(AttentionBackend):
         # same math (bf16 over a bf16 cache) whatever the caching and chunking
         as_decode = [n <= rows_max and (invariant or not prompt[b]) for b, n in enumerate(q_lens)]
         decode = [b for b in range(len(q_lens)) if as_decode[b]]
-        prefills = [_build_prefill(layout, b, prompt[b]) for b in range(len(q_lens)) if not as_decode[b]]
+        prefills = [piece for b in range(len(q_lens)) if not as_decode[b] for piece in _build_prefill(layout, b)]
         decodes = _build_decodes(layout, decode, q_lens) if decode else None
         return CpuPagedMetadata(layout.slot_mapping, layout.block_size, decodes, prefills, layout)
 
@@ -173,10 +173,18 @@ def _prefill(q, k, v, kv_cache, p: _Prefill, block_size: int, scale: float, out:
         out[p.start + piece.q_start:p.start + piece.q_end] = o[0].transpose(0, 1)
 
 
-def _build_prefill(layout: BatchLayout, b: int, prompt: bool) -> _Prefill:
+def _build_prefill(layout: BatchLayout, b: int) -> list[_Prefill]:
+    """Sequence b's chunk; one that runs past its prompt (a preempted request recomputing its
+    generated tokens) is split there, so its prompt rows get the prompt rows' math."""
     start, end = layout.query_start_loc[b], layout.query_start_loc[b + 1]
     table = torch.tensor([layout.block_tables[b]], dtype=torch.long)
-    return _Prefill(start, end, layout.seq_lens[b] - (end - start), table, prompt)
+    context = layout.seq_lens[b] - (end - start)
+    prompt_len = layout.prompt_lens[b] if layout.prompt_lens is not None else 0
+    split = min(max(prompt_len - context, 0), end - start)  # rows of this chunk inside the prompt
+    if split in (0, end - start):
+        return [_Prefill(start, end, context, table, prompt=split > 0)]
+    return [_Prefill(start, start + split, context, table, prompt=True),
+            _Prefill(start + split, end, context + split, table, prompt=False)]
 
 
 def _build_decodes(layout: BatchLayout, seqs: list[int], q_lens: list[int]) -> _Decodes:
