@@ -126,4 +126,4 @@ def test_cpu_backend_sends_every_prompt_row_to_the_prefill_kernel():
         meta = backend.build_metadata(layout)
     finally:
         cpu_ops.set_batch_invariant(False)
-    assert not meta.prefills and len(meta.decodes.seq_lens) == 2 + 5 <= 2 + DECODE_ROWS_MAX
+    assert 5 <= DECODE_ROWS_MAX and not meta.prefills and len(meta.decodes.seq_lens) == 2 + 5

@@ -102,12 +102,10 @@ class CpuPagedBackend(AttentionBackend):
         q_lens = [qsl[b + 1] - qsl[b] for b in range(len(layout.seq_lens))]
         invariant = cpu_ops.batch_invariant()
         rows_max = DECODE_ROWS_MAX if invariant else 1
-        prompt = [layout.prompt_lens is not None and layout.seq_lens[b] <= layout.prompt_lens[b]
-                  for b in range(len(q_lens))]
         # Outside batch-invariant mode every prompt row takes the prefill kernel, a lone one too
         # (a prompt's last token after a prefix hit, or a chunk of one): prompt rows then get the
         # same math (bf16 over a bf16 cache) whatever the caching and chunking
-        as_decode = [n <= rows_max and (invariant or not prompt[b]) for b, n in enumerate(q_lens)]
+        as_decode = [n <= rows_max and (invariant or _prompt_rows(layout, b) == 0) for b, n in enumerate(q_lens)]
         decode = [b for b in range(len(q_lens)) if as_decode[b]]
         prefills = [piece for b in range(len(q_lens)) if not as_decode[b] for piece in _build_prefill(layout, b)]
         decodes = _build_decodes(layout, decode, q_lens) if decode else None
@@ -173,14 +171,21 @@ def _prefill(q, k, v, kv_cache, p: _Prefill, block_size: int, scale: float, out:
         out[p.start + piece.q_start:p.start + piece.q_end] = o[0].transpose(0, 1)
 
 
+def _prompt_rows(layout: BatchLayout, b: int) -> int:
+    """How many of sequence b's rows this step are prompt tokens (0 without prompt lengths)."""
+    if layout.prompt_lens is None:
+        return 0
+    n = layout.query_start_loc[b + 1] - layout.query_start_loc[b]
+    return min(max(layout.prompt_lens[b] - (layout.seq_lens[b] - n), 0), n)
+
+
 def _build_prefill(layout: BatchLayout, b: int) -> list[_Prefill]:
     """Sequence b's chunk; one that runs past its prompt (a preempted request recomputing its
     generated tokens) is split there, so its prompt rows get the prompt rows' math."""
     start, end = layout.query_start_loc[b], layout.query_start_loc[b + 1]
     table = torch.tensor([layout.block_tables[b]], dtype=torch.long)
     context = layout.seq_lens[b] - (end - start)
-    prompt_len = layout.prompt_lens[b] if layout.prompt_lens is not None else 0
-    split = min(max(prompt_len - context, 0), end - start)  # rows of this chunk inside the prompt
+    split = _prompt_rows(layout, b)
     if split in (0, end - start):
         return [_Prefill(start, end, context, table, prompt=split > 0)]
     return [_Prefill(start, start + split, context, table, prompt=True),

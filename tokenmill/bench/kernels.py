@@ -13,7 +13,8 @@
              bf16 and float32 caches, W1-like contexts (64-700 tokens), 29 and 64 sequences; every
              call reads a cache no other call touched just before (DRAM, as in a model's step),
              levels alternated; GB/s of K/V read; then ns per token with the K/V in cache
-  blocks     paged_decode (bf16 cache in huge pages, scattered blocks, DRAM) by KV block size 16-128
+  blocks     paged_decode (bf16 cache in huge pages, scattered blocks, DRAM) by KV block size 16-128,
+             on each decode level this CPU runs (AVX-512, AVX2)
 
     python -m tokenmill.bench.kernels [--threads 2] [--only attention,prefill,gemm,isa,decode,blocks]
 """
@@ -138,8 +139,9 @@ def prefill_attention(heads: int = 9, kv_heads: int = 3, d: int = 64) -> None:
 
 
 def decode_blocks(heads: int = 9, kv_heads: int = 3, d: int = 64, tokens: int = 6600 * 16, rounds: int = 40) -> None:
-    """paged_decode per layer by KV block size, bf16 cache in huge pages as the engine allocates it,
-    block tables shuffled (blocks scattered through the cache), six caches in turn (DRAM reads)."""
+    """paged_decode per layer by KV block size, on each decode level this CPU runs (AVX-512, AVX2),
+    bf16 cache in huge pages as the engine allocates it, block tables shuffled (blocks scattered
+    through the cache), six caches in turn (DRAM reads)."""
     import statistics
     from tokenmill.host_memory import lazy_zeros
     from tokenmill.kernels import cpu_ops
@@ -152,6 +154,7 @@ def decode_blocks(heads: int = 9, kv_heads: int = 3, d: int = 64, tokens: int = 
             out.append(t.copy_(torch.randn(tokens, kv_heads, d, generator=g)))
         return tuple(out)
     caches = [cache() for _ in range(6)]
+    levels = [lv for lv in ("avx512", "avx2") if lv in cpu_ops.runnable_levels()]
     for batch in (29, 64):
         lens = torch.randint(64, 700, (batch,), generator=g)
         q = torch.randn(batch, heads, d, generator=g)
@@ -160,17 +163,20 @@ def decode_blocks(heads: int = 9, kv_heads: int = 3, d: int = 64, tokens: int = 
         for bs in (16, 32, 64, 128):
             nb = (int(lens.max()) + bs - 1) // bs
             tables[bs] = torch.randperm(tokens // bs, generator=g)[:batch * nb].view(batch, nb).contiguous()
-        times: dict[int, list[float]] = {bs: [] for bs in tables}
-        for r in range(rounds):
-            for i, (bs, table) in enumerate(tables.items()):  # block sizes alternated, caches in turn
-                c = caches[(r * len(tables) + i) % len(caches)]
-                t0 = time.perf_counter()
-                cpu_ops.paged_decode(q, c, table, lens, bs, d ** -0.5)
-                times[bs].append(time.perf_counter() - t0)
-        med = {bs: statistics.median(t) for bs, t in times.items()}
-        print(f"decode bf16 batch {batch} by block size: " +
-              ", ".join(f"{bs}: {m * 1e6:.0f} us ({nbytes / m / 1e9:.1f} GB/s)" for bs, m in med.items()) +
-              f"; 16 / 32 time {med[16] / med[32]:.2f}x")
+        for level in levels:
+            cpu_ops.set_isa(level)
+            times: dict[int, list[float]] = {bs: [] for bs in tables}
+            for r in range(rounds):
+                for i, (bs, table) in enumerate(tables.items()):  # block sizes alternated, caches in turn
+                    c = caches[(r * len(tables) + i) % len(caches)]
+                    t0 = time.perf_counter()
+                    cpu_ops.paged_decode(q, c, table, lens, bs, d ** -0.5)
+                    times[bs].append(time.perf_counter() - t0)
+            med = {bs: statistics.median(t) for bs, t in times.items()}
+            print(f"decode bf16 {level} batch {batch} by block size: " +
+                  ", ".join(f"{bs}: {m * 1e6:.0f} us ({nbytes / m / 1e9:.1f} GB/s)" for bs, m in med.items()) +
+                  f"; 16 / 32 time {med[16] / med[32]:.2f}x")
+        cpu_ops.set_isa("auto")
 
 
 def decode_isa(heads: int = 9, kv_heads: int = 3, d: int = 64, bs: int = 16, num_blocks: int = 6600,
