@@ -181,13 +181,14 @@ def test_avx512_code_stays_inside_the_dispatched_functions():
 
 
 def test_onednn_bf16_linear_method_matches_the_panels():
-    """The AMX route (oneDNN's prepacked bf16 weight) runs on any CPU with oneDNN; against the bf16
+    """The AMX route (oneDNN's prepacked bf16 weight) runs on any CPU where oneDNN does bf16 (AVX-512 BW/VL/DQ
+    or AVX-NE-CONVERT); against the bf16
     panels on the same bf16 weight: both round x to bf16 at 3+ rows, bias added in bf16 by oneDNN
     (tolerance 1e-2 relative to the largest output)."""
     from tokenmill.models.linear import Linear
-    from tokenmill.quant.unquantized import Bf16PanelLinearMethod, OneDNNBf16LinearMethod, _has_onednn_linear
-    if not _has_onednn_linear():
-        pytest.skip("no oneDNN linear ops in this torch")
+    from tokenmill.quant.unquantized import Bf16PanelLinearMethod, OneDNNBf16LinearMethod, _has_onednn_bf16_linear
+    if not _has_onednn_bf16_linear():
+        pytest.skip("oneDNN has no bf16 linear on this CPU (needs AVX-512 BW/VL/DQ or AVX-NE-CONVERT)")
     g = torch.Generator().manual_seed(3)
     w, b, x = torch.randn(70, 48, generator=g), torch.randn(70, generator=g), torch.randn(9, 48, generator=g)
     outs = []

@@ -83,13 +83,15 @@ def gemm(layers: int = 30) -> None:
 def gemm_isa(layers: int = 30) -> None:
     """Every ISA path of our panel GEMMs against oneDNN (prepacked, bf16): GFLOP/s, best of 3."""
     from tokenmill.kernels import cpu_ops
+    from tokenmill.quant.unquantized import _has_onednn_bf16_linear
     levels = [lv for lv in cpu_ops.runnable_levels() if lv != "scalar"]
+    onednn_bf16 = _has_onednn_bf16_linear()  # torch refuses bf16 reorders on AVX2-only CPUs
     print(f"isa: {cpu_ops.isa()}")
     for n, k in GEMM_SHAPES:
         ws = [torch.randn(n, k) for _ in range(layers)]
         bf16 = [torch.ops.tokenmill.pack_bf16_panels(w.bfloat16()) for w in ws]
         f32 = [torch.ops.tokenmill.pack_panels(w) for w in ws]
-        onednn = [torch.ops.mkldnn._reorder_linear_weight(w.bfloat16()) for w in ws]
+        onednn = [torch.ops.mkldnn._reorder_linear_weight(w.bfloat16()) for w in ws] if onednn_bf16 else []
         for m in GEMM_ROWS:
             x = torch.randn(m, k)
             xb = x.bfloat16()
@@ -97,8 +99,9 @@ def gemm_isa(layers: int = 30) -> None:
                     for lv in levels]
             runs += [(f"f32 {lv}", lv, lambda i: torch.ops.tokenmill.panel_linear(x, f32[i], n, None))
                      for lv in levels if lv != "avx512_bf16"]
-            runs.append(("oneDNN bf16", "auto",
-                         lambda i: torch.ops.mkldnn._linear_pointwise(xb, onednn[i], None, "none", [], "")))
+            if onednn:
+                runs.append(("oneDNN bf16", "auto",
+                             lambda i: torch.ops.mkldnn._linear_pointwise(xb, onednn[i], None, "none", [], "")))
             rates = []
             for name, level, fn in runs:
                 cpu_ops.set_isa(level)

@@ -35,6 +35,14 @@ def _has_onednn_linear() -> bool:
         return False
 
 
+def _has_onednn_bf16_linear() -> bool:
+    """oneDNN's bf16 linear needs AVX-512 BW/VL/DQ or AVX-NE-CONVERT; elsewhere torch refuses the reorder."""
+    try:
+        return _has_onednn_linear() and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        return False
+
+
 def _packable(x: torch.Tensor) -> bool:
     return x.dtype == torch.float32 and x.dim() == 2 and not x.requires_grad
 
@@ -120,7 +128,7 @@ class UnquantizedConfig:
         self.bf16_panels = dtype == torch.bfloat16 and cpu_ops.load()
         # AMX tiles granted by the OS: oneDNN's bf16 kernels use them, ours do not (and oneDNN's
         # blocking varies with the batch: batch-invariant mode keeps our panels)
-        self.bf16_onednn = (self.bf16_panels and "amx=usable" in cpu_ops.isa() and _has_onednn_linear()
+        self.bf16_onednn = (self.bf16_panels and "amx=usable" in cpu_ops.isa() and _has_onednn_bf16_linear()
                             and not cpu_ops.batch_invariant())
 
     @property
