@@ -3,7 +3,11 @@ each measured by `tokenmill bench serve` with the same workloads, request rates 
 the other in one run; then `tokenmill bench compare` per workload.
 
     python benchmarks/compare_vllm_serve.py --peer-venv /opt/vllm-venv [--dtype auto] \\
-        [--workloads chat,long-short-mix] [--sweep 1,2,4] [--num-requests 60] [--out out/serve-vs-vllm]
+        [--workloads chat,long-short-mix] [--sweep 1,2,4] [--num-requests 60] [--out out/serve-vs-vllm] \\
+        [--tokenmill-variant "--kv-cache-dtype int8" ...]
+
+Each `--tokenmill-variant` adds one more tokenmill server, with those extra `serve` flags, measured in
+the same run after the plain one (as `tokenmill-2`, `tokenmill-3`, ...) and compared with it.
 
 Both servers get the default model's HF folder (tokenmill with `--quantization none`, so both run the
 same float weights; `--model` an AWQ folder for 4-bit in both), the same dtype (auto: bfloat16 on AVX-512 bf16 CPUs,
@@ -18,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -88,6 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sweep", default="1,2,4")
     p.add_argument("--num-requests", type=int, default=60)
     p.add_argument("--max-model-len", type=int, default=2048)
+    p.add_argument("--tokenmill-variant", action="append", default=[], metavar="FLAGS",
+                   help="extra `tokenmill serve` flags for one more tokenmill server, e.g. \"--kv-cache-dtype int8\"")
     p.add_argument("--out", type=Path, default=Path("out") / f"serve-vs-vllm-{time.strftime('%Y%m%d-%H%M')}")
     args = p.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -116,12 +123,20 @@ def main(argv: list[str] | None = None) -> int:
                                                     "VLLM_CPU_KVCACHE_SPACE") if k in env_peer}}
     record["tokenmill"] = serve_and_bench("tokenmill", ours_cmd, dict(os.environ), 8011, args, folder,
                                           args.out / "tokenmill.log", 300)
+    for i, flags in enumerate(args.tokenmill_variant, start=2):
+        record[f"tokenmill-{i}"] = serve_and_bench(f"tokenmill-{i}", ours_cmd + shlex.split(flags), dict(os.environ),
+                                                   8011, args, folder, args.out / f"tokenmill-{i}.log", 300)
     record["vllm"] = serve_and_bench("vllm", peer_cmd, env_peer, 8012, args, folder, args.out / "vllm.log", 900)
     (args.out / "vllm_flags.json").write_text(json.dumps(record, indent=2))
     for workload in args.workloads.split(","):
         print(f"\n=== {workload}: A = tokenmill, B = vLLM ===", flush=True)
         subprocess.run([sys.executable, "-m", "tokenmill.bench.serve", "compare",
                         str(args.out / "tokenmill" / workload), str(args.out / "vllm" / workload)], cwd=REPO)
+        for i, flags in enumerate(args.tokenmill_variant, start=2):
+            print(f"\n=== {workload}: A = tokenmill, B = tokenmill {flags} ===", flush=True)
+            subprocess.run([sys.executable, "-m", "tokenmill.bench.serve", "compare",
+                            str(args.out / "tokenmill" / workload), str(args.out / f"tokenmill-{i}" / workload)],
+                           cwd=REPO)
     return 0
 
 

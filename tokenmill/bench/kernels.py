@@ -62,9 +62,10 @@ GEMM_SHAPES = ((3072, 576), (576, 1536), (960, 576))  # gate_up, down, qkv of th
 GEMM_ROWS = (1, 2, 4, 8, 16, 32, 64, 128, 1024)
 
 
-def gemm(layers: int = 30) -> None:
+def gemm(layers: int = 30, rounds: int = 6) -> None:
     """panel_linear vs oneDNN with a prepacked weight, 30 distinct weights per shape (so they stream
-    from memory as in a real forward), best of 3; GFLOP/s, and the weight's GB/s at 1-8 rows."""
+    from memory as in a real forward), the two alternated for `rounds` rounds, best of each (a noisy
+    host slows one side of a sequential comparison); GFLOP/s, and the weight's GB/s at 1-8 rows."""
     for n, k in GEMM_SHAPES:
         ws = [torch.randn(n, k) for _ in range(layers)]
         panels = [torch.ops.tokenmill.pack_panels(w) for w in ws]
@@ -73,8 +74,11 @@ def gemm(layers: int = 30) -> None:
             x = torch.randn(m, k)
             fns = {"panel_linear": lambda i: torch.ops.tokenmill.panel_linear(x, panels[i], n, None),
                    "oneDNN packed": lambda i: torch.ops.mkldnn._linear_pointwise(x, onednn[i], None, "none", [], "")}
-            secs = {name: min(_ms(lambda: [fn(i) for i in range(layers)], 2 if m > 128 else 5) for _ in range(3))
-                    / 1e3 / layers for name, fn in fns.items()}
+            secs = {name: float("inf") for name in fns}
+            for _ in range(rounds):
+                for name, fn in fns.items():
+                    secs[name] = min(secs[name], _ms(lambda: [fn(i) for i in range(layers)], 2 if m > 128 else 5)
+                                     / 1e3 / layers)
             rates = ", ".join(f"{name} {2 * m * n * k / s / 1e9:5.1f} GFLOP/s"
                               + (f" ({n * k * 4 / s / 1e9:4.1f} GB/s)" if m <= 8 else "") for name, s in secs.items())
             print(f"gemm {n}x{k} M={m:>4}: {rates}; ratio {secs['oneDNN packed'] / secs['panel_linear']:.2f}x")
