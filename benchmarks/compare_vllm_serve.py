@@ -128,15 +128,13 @@ def main(argv: list[str] | None = None) -> int:
                                                    8011, args, folder, args.out / f"tokenmill-{i}.log", 300)
     record["vllm"] = serve_and_bench("vllm", peer_cmd, env_peer, 8012, args, folder, args.out / "vllm.log", 900)
     (args.out / "vllm_flags.json").write_text(json.dumps(record, indent=2))
+    others = [("vllm", "vLLM")] + [(f"tokenmill-{i}", f"tokenmill {flags}")
+                                   for i, flags in enumerate(args.tokenmill_variant, start=2)]
     for workload in args.workloads.split(","):
-        print(f"\n=== {workload}: A = tokenmill, B = vLLM ===", flush=True)
-        subprocess.run([sys.executable, "-m", "tokenmill.bench.serve", "compare",
-                        str(args.out / "tokenmill" / workload), str(args.out / "vllm" / workload)], cwd=REPO)
-        for i, flags in enumerate(args.tokenmill_variant, start=2):
-            print(f"\n=== {workload}: A = tokenmill, B = tokenmill {flags} ===", flush=True)
+        for name, label in others:
+            print(f"\n=== {workload}: A = tokenmill, B = {label} ===", flush=True)
             subprocess.run([sys.executable, "-m", "tokenmill.bench.serve", "compare",
-                            str(args.out / "tokenmill" / workload), str(args.out / f"tokenmill-{i}" / workload)],
-                           cwd=REPO)
+                            str(args.out / "tokenmill" / workload), str(args.out / name / workload)], cwd=REPO)
     return 0
 
 
