@@ -20,9 +20,10 @@ from tokenmill.cpu import cpu_flags
 logger = logging.getLogger(__name__)
 
 _CSRC = Path(__file__).parent / "csrc"
-_SOURCES = [_CSRC / name for name in ("cpu_isa.cpp", "paged_decode.cpp", "layer_ops.cpp", "panel_gemm.cpp",
-                                      "bf16_gemm.cpp", "gemm_avx512.cpp", "decode_avx512.cpp", "kv_store.cpp", "prefill_attention.cpp",
-                                      "quant_gemm.cpp", "quant_avx512.cpp")]
+# Longest compiles first: ninja starts them in this order, so the slowest unit does not start last
+_SOURCES = [_CSRC / name for name in ("paged_decode.cpp", "decode_avx512.cpp", "register_ops.cpp", "gemm_avx512.cpp",
+                                      "quant_gemm.cpp", "prefill_attention.cpp", "panel_gemm.cpp", "layer_ops.cpp",
+                                      "bf16_gemm.cpp", "kv_store.cpp", "cpu_isa.cpp", "quant_avx512.cpp")]
 
 
 def _baseline_flags() -> list[str]:

@@ -6,15 +6,14 @@
 //   avx512_bf16: x rounded to bf16 once per call, vdpbf16ps (gemm_avx512.cpp)
 //   avx512 / avx2: bf16 weights widened to float32 in registers, float32 FMA
 //   scalar: the same arithmetic in plain C++ (any CPU)
-#include <ATen/ATen.h>
 #include <ATen/Parallel.h>
-#include <torch/library.h>
 
 #include <algorithm>
 #include <cstring>
 
 #include "cpu_isa.h"
 #include "gemm_isa.h"
+#include "ops.h"
 
 #ifdef __AVX2__
 #include <immintrin.h>
@@ -109,12 +108,33 @@ void bf16_panel_rows(const float* x, int64_t lda, int64_t M, int64_t K, const ui
 
 namespace {
 
+// x as contiguous bf16 rows. float32 rows are rounded here (vcvtneps2bf16) rather than by
+// x.to(kBFloat16): at decode sizes ATen's conversion cost ~20 us a call, mostly dispatch
+// (`python -m tokenmill.bench.profile`: 3.5% of a W1 run in bf16), for a few microseconds of work.
+at::Tensor bf16_rows(const at::Tensor& x) {
+  if (x.scalar_type() != at::kFloat) return x.to(at::kBFloat16).contiguous();
+  const at::Tensor xf = x.contiguous();
+  auto out = tokenmill_ops::new_tensor(xf.sizes(), xf.options().dtype(at::kBFloat16));
+  const float* src = xf.data_ptr<float>();
+  auto* dst = reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>());
+  const int64_t n = xf.numel(), grain = 1 << 16;  // elements per task: small inputs stay on one thread
+  at::parallel_for(0, (n + grain - 1) / grain, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i)
+      tm_avx512_bf16::round_to_bf16(src + i * grain, dst + i * grain, std::min(grain, n - i * grain));
+  });
+  return out;
+}
+
+}  // namespace
+
+namespace tokenmill_ops {
+
 // W [N, K] bf16 -> P[N/32][K2][32][2] bf16, zero-padded
 at::Tensor pack_bf16_panels(const at::Tensor& weight) {
   TORCH_CHECK(weight.scalar_type() == at::kBFloat16 && weight.dim() == 2, "weight: [N, K] bfloat16");
   auto w = weight.contiguous();
   const int64_t N = w.size(0), K = w.size(1), panels = (N + kBf16PanelCols - 1) / kBf16PanelCols, K2 = (K + 1) / 2;
-  auto packed = at::zeros({panels, K2, kBf16PanelCols, 2}, w.options());
+  auto packed = w.new_zeros({panels, K2, kBf16PanelCols, 2});
   const auto* src = reinterpret_cast<const uint16_t*>(w.data_ptr<at::BFloat16>());
   auto* dst = reinterpret_cast<uint16_t*>(packed.data_ptr<at::BFloat16>());
   at::parallel_for(0, panels, 1, [&](int64_t begin, int64_t end) {
@@ -128,23 +148,6 @@ at::Tensor pack_bf16_panels(const at::Tensor& weight) {
   return packed;
 }
 
-// x as contiguous bf16 rows. float32 rows are rounded here (vcvtneps2bf16) rather than by
-// x.to(kBFloat16): at decode sizes ATen's conversion cost ~20 us a call, mostly dispatch
-// (`python -m tokenmill.bench.profile`: 3.5% of a W1 run in bf16), for a few microseconds of work.
-at::Tensor bf16_rows(const at::Tensor& x) {
-  if (x.scalar_type() != at::kFloat) return x.to(at::kBFloat16).contiguous();
-  const at::Tensor xf = x.contiguous();
-  auto out = at::empty(xf.sizes(), xf.options().dtype(at::kBFloat16));
-  const float* src = xf.data_ptr<float>();
-  auto* dst = reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>());
-  const int64_t n = xf.numel(), grain = 1 << 16;  // elements per task: small inputs stay on one thread
-  at::parallel_for(0, (n + grain - 1) / grain, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i)
-      tm_avx512_bf16::round_to_bf16(src + i * grain, dst + i * grain, std::min(grain, n - i * grain));
-  });
-  return out;
-}
-
 at::Tensor bf16_panel_linear(const at::Tensor& x, const at::Tensor& packed, int64_t N,
                              const c10::optional<at::Tensor>& bias) {
   TORCH_CHECK(x.dim() == 2 && (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16),
@@ -154,7 +157,7 @@ at::Tensor bf16_panel_linear(const at::Tensor& x, const at::Tensor& packed, int6
   const int64_t M = x.size(0), K = x.size(1), panels = packed.size(0);
   TORCH_CHECK(packed.size(1) == (K + 1) / 2 && panels == (N + kBf16PanelCols - 1) / kBf16PanelCols,
               "packed does not hold [", N, ", ", K, "]");
-  auto y = at::empty({M, N}, x.options().dtype(at::kFloat));
+  auto y = tokenmill_ops::new_tensor({M, N}, x.options().dtype(at::kFloat));
   at::Tensor bc;
   const float* b = nullptr;
   if (bias.has_value() && bias->defined()) {
@@ -199,14 +202,4 @@ at::Tensor bf16_panel_linear(const at::Tensor& x, const at::Tensor& packed, int6
   return y;
 }
 
-}  // namespace
-
-TORCH_LIBRARY_FRAGMENT(tokenmill, m) {
-  m.def("pack_bf16_panels(Tensor weight) -> Tensor");
-  m.def("bf16_panel_linear(Tensor x, Tensor packed, int N, Tensor? bias) -> Tensor");
-}
-
-TORCH_LIBRARY_IMPL(tokenmill, CPU, m) {
-  m.impl("pack_bf16_panels", &pack_bf16_panels);
-  m.impl("bf16_panel_linear", &bf16_panel_linear);
-}
+}  // namespace tokenmill_ops

@@ -1,8 +1,7 @@
-// CPU feature detection and the TOKENMILL_CPU_ISA cap (cpu_isa.h), plus the op that reports them.
+// CPU feature detection and the TOKENMILL_CPU_ISA cap (cpu_isa.h); register_ops.cpp exposes them as ops.
 #include "cpu_isa.h"
 
-#include <ATen/ATen.h>
-#include <torch/library.h>
+#include <c10/util/Exception.h>
 
 #include <atomic>
 #include <cstdlib>
@@ -129,9 +128,3 @@ const char* level_name(Level level) {
 }
 
 }  // namespace tokenmill_isa
-
-TORCH_LIBRARY_FRAGMENT(tokenmill, m) {
-  m.def("cpu_isa() -> str", []() { return tokenmill_isa::describe_isa(); });
-  m.def("set_cpu_isa(str cap) -> str", [](std::string cap) { return tokenmill_isa::set_isa(cap); });
-  m.def("set_batch_invariant(bool on) -> bool", [](bool on) { return tokenmill_isa::set_batch_invariant(on); });
-}

@@ -3,12 +3,12 @@
 // (rounded to nearest even, as torch's conversion, and rounded in x too); x may be a strided view ([T, Hkv, D] slices of
 // the fused qkv output). aten::index_copy_ has a high fixed cost for a few dozen rows
 // (two calls per layer per step; docs/BENCHMARKS_HISTORY.md); this is a row memcpy.
-#include <ATen/ATen.h>
 #include <ATen/Parallel.h>
-#include <torch/library.h>
 
 #include <cstdint>
 #include <cstring>
+
+#include "ops.h"
 
 namespace {
 
@@ -58,6 +58,10 @@ void store_rows_bf16(at::Tensor& cache, at::Tensor& x, const int64_t* slots, int
   });
 }
 
+}  // namespace
+
+namespace tokenmill_ops {
+
 void store_kv(at::Tensor k_cache, at::Tensor v_cache, at::Tensor k, at::Tensor v, const at::Tensor& slots) {
   TORCH_CHECK(k_cache.dim() == 3 && k_cache.is_contiguous() && v_cache.is_contiguous() &&
                   v_cache.sizes() == k_cache.sizes(), "caches: [slots, Hkv, D], contiguous, same shape");
@@ -80,11 +84,4 @@ void store_kv(at::Tensor k_cache, at::Tensor v_cache, at::Tensor k, at::Tensor v
   store(v_cache, v, sp, T);
 }
 
-}  // namespace
-
-TORCH_LIBRARY_FRAGMENT(tokenmill, m) {
-  // k and v are written only when float32 rows go into a bf16 cache (rounded in place)
-  m.def("store_kv(Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor(c!) k, Tensor(d!) v, Tensor slots) -> ()");
-}
-
-TORCH_LIBRARY_IMPL(tokenmill, CPU, m) { m.impl("store_kv", &store_kv); }
+}  // namespace tokenmill_ops

@@ -5,13 +5,12 @@
 //   rms_norm(x, weight, eps) -> y
 //   silu_and_mul(gu [T, 2I]) -> silu(gu[:, :I]) * gu[:, I:]
 //   rotary_(x [T, H, D] strided rows, cos [T, D], sin [T, D]): rotate-half RoPE in place
-#include <ATen/ATen.h>
 #include <ATen/Parallel.h>
-#include <torch/library.h>
 
 #include <cmath>
 
 #include "vec_math.h"
+#include "ops.h"
 
 namespace {
 
@@ -28,6 +27,10 @@ inline void norm_row(const float* in, const float* w, float* out, int64_t n, flo
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i) out[i] = w[i] * (in[i] * r);
 }
+
+}  // namespace
+
+namespace tokenmill_ops {
 
 void fused_add_rms_norm(at::Tensor& x, at::Tensor& residual, const at::Tensor& weight, double eps) {
   check_rows(x, "x");
@@ -53,7 +56,7 @@ void fused_add_rms_norm(at::Tensor& x, at::Tensor& residual, const at::Tensor& w
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
   check_rows(x, "x");
   TORCH_CHECK(weight.is_contiguous() && weight.numel() == x.size(1), "weight does not match x");
-  auto out = at::empty({x.size(0), x.size(1)}, x.options());
+  auto out = tokenmill_ops::new_tensor({x.size(0), x.size(1)}, x.options());
   const int64_t n = x.size(1), xs = x.stride(0);
   const float* xp = x.data_ptr<float>();
   const float* w = weight.data_ptr<float>();
@@ -67,7 +70,7 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
 at::Tensor silu_and_mul(const at::Tensor& gu) {
   check_rows(gu, "gate_up");
   const int64_t inter = gu.size(1) / 2, gs = gu.stride(0);
-  auto out = at::empty({gu.size(0), inter}, gu.options());
+  auto out = tokenmill_ops::new_tensor({gu.size(0), inter}, gu.options());
   const float* g = gu.data_ptr<float>();
   float* o = out.data_ptr<float>();
   at::parallel_for(0, gu.size(0), 4, [&](int64_t b, int64_t e) {
@@ -117,18 +120,4 @@ void rotary_(at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
   });
 }
 
-}  // namespace
-
-TORCH_LIBRARY_FRAGMENT(tokenmill, m) {
-  m.def("fused_add_rms_norm(Tensor(a!) x, Tensor(b!) residual, Tensor weight, float eps) -> ()");
-  m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor");
-  m.def("silu_and_mul(Tensor gate_up) -> Tensor");
-  m.def("rotary_(Tensor(a!) x, Tensor cos, Tensor sin) -> ()");
-}
-
-TORCH_LIBRARY_IMPL(tokenmill, CPU, m) {
-  m.impl("fused_add_rms_norm", &fused_add_rms_norm);
-  m.impl("rms_norm", &rms_norm);
-  m.impl("silu_and_mul", &silu_and_mul);
-  m.impl("rotary_", &rotary_);
-}
+}  // namespace tokenmill_ops

@@ -8,13 +8,12 @@
 // attention, Mistral's convention: key j is visible to the query at position i iff i - j < window).
 // Output [B, H, D] float32. One task per (sequence, KV head) serves its GQA group of H/Hkv query
 // heads, so every K/V row is read once per step. Two passes: scores, then softmax-weighted V.
-#include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <c10/util/Float8_e4m3fn.h>
-#include <torch/library.h>
 
 #include "cpu_isa.h"
 #include "decode_isa.h"
+#include "ops.h"
 #include "vec_math.h"
 
 #ifdef __AVX2__
@@ -289,6 +288,10 @@ void decode_kernel(const float* q, const T* k, const T* v, const void* k_scale, 
   });
 }
 
+}  // namespace
+
+namespace tokenmill_ops {
+
 at::Tensor paged_decode(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                         const at::Tensor& k_scale, const at::Tensor& v_scale,
                         const at::Tensor& block_tables, const at::Tensor& seq_lens, int64_t block_size,
@@ -306,7 +309,7 @@ at::Tensor paged_decode(const at::Tensor& q, const at::Tensor& k_cache, const at
   TORCH_CHECK(!quantized || log8 || k_scale.scalar_type() == at::kFloat, "scales: int8 log8 codes or float32");
   const void* ks = quantized ? k_scale.data_ptr() : nullptr;
   const void* vs = quantized ? v_scale.data_ptr() : nullptr;
-  auto out = at::empty_like(q);
+  auto out = tokenmill_ops::new_tensor(q.sizes(), q.options());  // q is contiguous
   const int64_t max_blocks = block_tables.size(1);
   const auto* tables = block_tables.data_ptr<int64_t>();
   const auto* lens = seq_lens.data_ptr<int64_t>();
@@ -335,11 +338,4 @@ at::Tensor paged_decode(const at::Tensor& q, const at::Tensor& k_cache, const at
   return out;
 }
 
-}  // namespace
-
-TORCH_LIBRARY(tokenmill, m) {
-  m.def("paged_decode(Tensor q, Tensor k_cache, Tensor v_cache, Tensor k_scale, Tensor v_scale, "
-        "Tensor block_tables, Tensor seq_lens, int block_size, float scale, int window=0) -> Tensor");
-}
-
-TORCH_LIBRARY_IMPL(tokenmill, CPU, m) { m.impl("paged_decode", &paged_decode); }
+}  // namespace tokenmill_ops

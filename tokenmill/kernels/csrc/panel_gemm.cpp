@@ -7,9 +7,8 @@
 // (gemm_micro.h) keeps an MR x 16 block of y in registers, reusing each panel from L2 for every
 // block of rows. Measured against oneDNN with a prepacked weight: docs/BENCHMARKS.md, "GEMM"
 // (`python -m tokenmill.bench.kernels`).
-#include <ATen/ATen.h>
+#include "ops.h"
 #include <ATen/Parallel.h>
-#include <torch/library.h>
 
 #include <algorithm>
 
@@ -21,11 +20,15 @@ namespace {
 
 using tokenmill_gemm::NR;
 
+}  // namespace
+
+namespace tokenmill_ops {
+
 at::Tensor pack_panels(const at::Tensor& weight) {
   TORCH_CHECK(weight.scalar_type() == at::kFloat && weight.dim() == 2, "weight [N, K] float32");
   auto w = weight.contiguous();
   const int64_t N = w.size(0), K = w.size(1), panels = (N + NR - 1) / NR;
-  auto packed = at::zeros({panels, K, NR}, w.options());
+  auto packed = w.new_zeros({panels, K, NR});
   const float* src = w.data_ptr<float>();
   float* dst = packed.data_ptr<float>();
   at::parallel_for(0, panels, 1, [&](int64_t begin, int64_t end) {
@@ -47,7 +50,7 @@ at::Tensor panel_linear(const at::Tensor& x, const at::Tensor& packed, int64_t N
   TORCH_CHECK(packed.size(0) == (N + NR - 1) / NR && packed.is_contiguous(), "packed does not hold N columns");
   auto xc = x.contiguous();
   const int64_t M = x.size(0), K = x.size(1), panels = packed.size(0);
-  auto y = at::empty({M, N}, x.options());
+  auto y = tokenmill_ops::new_tensor({M, N}, x.options());
   const float* b = nullptr;
   at::Tensor bc;
   if (bias.has_value() && bias->defined()) {
@@ -80,14 +83,4 @@ at::Tensor panel_linear(const at::Tensor& x, const at::Tensor& packed, int64_t N
   return y;
 }
 
-}  // namespace
-
-TORCH_LIBRARY_FRAGMENT(tokenmill, m) {
-  m.def("pack_panels(Tensor weight) -> Tensor");
-  m.def("panel_linear(Tensor x, Tensor packed, int N, Tensor? bias) -> Tensor");
-}
-
-TORCH_LIBRARY_IMPL(tokenmill, CPU, m) {
-  m.impl("pack_panels", &pack_panels);
-  m.impl("panel_linear", &panel_linear);
-}
+}  // namespace tokenmill_ops

@@ -10,9 +10,7 @@
 // per key block of KB keys S = Q K^T and O += P V run on the GEMM micro-kernel of the linear
 // layers; keys past the diagonal are never multiplied beyond the one block that crosses it (torch's
 // CPU SDPA computes the masked scores too, and repeats K/V for GQA).
-#include <ATen/ATen.h>
 #include <ATen/Parallel.h>
-#include <torch/library.h>
 
 #include <algorithm>
 #include <cmath>
@@ -24,6 +22,7 @@
 #include "decode_isa.h"
 #include "gemm_isa.h"
 #include "gemm_micro.h"
+#include "ops.h"
 
 namespace {
 
@@ -257,6 +256,10 @@ void prefill_f32(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, 
 
 // k/v float32 or bfloat16. bf16_math: the caller accepts q and the softmax numerators rounded to bf16
 // (a bf16 model, whose K/V are bf16 in the cache already); taken where the CPU has AVX512_BF16.
+}  // namespace
+
+namespace tokenmill_ops {
+
 at::Tensor prefill_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t context,
                              double scale, bool bf16_math) {
   TORCH_CHECK(q.scalar_type() == at::kFloat, "q: float32");
@@ -267,7 +270,7 @@ at::Tensor prefill_attention(const at::Tensor& q, const at::Tensor& k, const at:
   const int64_t Lq = q.size(0), H = q.size(1), D = q.size(2), Hkv = k.size(1);
   TORCH_CHECK(k.size(2) == D && Hkv > 0 && H % Hkv == 0, "head shapes do not match");
   TORCH_CHECK(context >= 0 && k.size(0) == context + Lq, "k/v must hold context + Lq keys");
-  auto out = at::empty({Lq, H, D}, q.options());
+  auto out = tokenmill_ops::new_tensor({Lq, H, D}, q.options());
   if (Lq == 0) return out;
   const float s = static_cast<float>(scale);
   if (bf16_math && tokenmill_isa::active_level() == tokenmill_isa::Level::kAvx512Bf16)
@@ -279,10 +282,4 @@ at::Tensor prefill_attention(const at::Tensor& q, const at::Tensor& k, const at:
   return out;
 }
 
-}  // namespace
-
-TORCH_LIBRARY_FRAGMENT(tokenmill, m) {
-  m.def("prefill_attention(Tensor q, Tensor k, Tensor v, int context, float scale, bool bf16_math=False) -> Tensor");
-}
-
-TORCH_LIBRARY_IMPL(tokenmill, CPU, m) { m.impl("prefill_attention", &prefill_attention); }
+}  // namespace tokenmill_ops

@@ -10,10 +10,8 @@
 //
 // Per call the active ISA level (cpu_isa.h) picks the row kernel: AVX-512 VNNI (vpdpbusd,
 // quant_avx512.cpp), AVX2 (vpmaddubsw), or scalar C++ on any CPU.
-#include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <c10/util/Half.h>
-#include <torch/library.h>
 
 #include <algorithm>
 #include <cmath>
@@ -21,6 +19,7 @@
 
 #include "cpu_isa.h"
 #include "quant_isa.h"
+#include "ops.h"
 
 #ifdef __AVX2__
 #include <immintrin.h>
@@ -221,8 +220,8 @@ struct QActsStorage {
 QActsStorage quantize_rows(const at::Tensor& x) {
   const int64_t M = x.size(0), K = x.size(1), nb = K / kBlockK;
   QActsStorage s;
-  s.codes = at::empty({2 * M * K}, x.options().dtype(at::kByte));
-  s.scales = at::empty({2 * M * nb}, x.options().dtype(at::kFloat));
+  s.codes = tokenmill_ops::new_tensor({2 * M * K}, x.options().dtype(at::kByte));
+  s.scales = tokenmill_ops::new_tensor({2 * M * nb}, x.options().dtype(at::kFloat));
   const float* xp = x.data_ptr<float>();
   int8_t* q = reinterpret_cast<int8_t*>(s.codes.data_ptr<uint8_t>());
   uint8_t* qu = s.codes.data_ptr<uint8_t>() + M * K;
@@ -272,7 +271,7 @@ at::Tensor q_linear(const at::Tensor& x, const at::Tensor& records, int64_t N, c
   TORCH_CHECK(K % kBlockK == 0, "K must be a multiple of 32, got ", K);
   TORCH_CHECK(records.scalar_type() == at::kByte && records.is_contiguous() &&
                   records.numel() == groups * nb * rec_size, "records do not hold [", N, ", ", K, "] (", q4 ? "q4" : "q8", ")");
-  auto y = at::empty({M, N}, x.options().dtype(at::kFloat));
+  auto y = tokenmill_ops::new_tensor({M, N}, x.options().dtype(at::kFloat));
   if (M == 0) return y;
   at::Tensor bc;
   const float* b = nullptr;
@@ -302,82 +301,10 @@ at::Tensor q_linear(const at::Tensor& x, const at::Tensor& records, int64_t N, c
   return y;
 }
 
-at::Tensor q4_linear(const at::Tensor& x, const at::Tensor& records, int64_t N, const c10::optional<at::Tensor>& bias) {
-  return q_linear(x, records, N, bias, true);
-}
-
-at::Tensor q8_linear(const at::Tensor& x, const at::Tensor& records, int64_t N, const c10::optional<at::Tensor>& bias) {
-  return q_linear(x, records, N, bias, false);
-}
-
 void check_scales(const at::Tensor& t, int64_t N, int64_t nb, const char* name) {
   TORCH_CHECK(t.dim() == 2 && t.size(0) == N && t.size(1) == nb, name, ": [N, K/32] = [", N, ", ", nb, "]");
 }
 
-at::Tensor pack_q4(const at::Tensor& codes, const at::Tensor& d, const at::Tensor& m) {
-  TORCH_CHECK(codes.scalar_type() == at::kByte && codes.dim() == 2, "codes: [N, K] uint8 in 0..15");
-  const int64_t N = codes.size(0), K = codes.size(1), nb = K / kBlockK, groups = (N + kGroupRows - 1) / kGroupRows;
-  TORCH_CHECK(K % kBlockK == 0, "K must be a multiple of 32, got ", K);
-  check_scales(d, N, nb, "d");
-  check_scales(m, N, nb, "m");
-  auto c = codes.contiguous();
-  auto df = d.to(at::kFloat).contiguous(), mf = m.to(at::kFloat).contiguous();
-  auto out = at::zeros({groups * nb * kQ4Record}, codes.options());
-  const uint8_t* cp = c.data_ptr<uint8_t>();
-  const float *dp = df.data_ptr<float>(), *mp = mf.data_ptr<float>();
-  uint8_t* op = out.data_ptr<uint8_t>();
-  at::parallel_for(0, groups, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t g = begin; g < end; ++g)
-      for (int64_t b = 0; b < nb; ++b) {
-        uint8_t* R = op + (g * nb + b) * kQ4Record;
-        for (int64_t r = 0; r < std::min(kGroupRows, N - g * kGroupRows); ++r) {
-          const int64_t n = g * kGroupRows + r;
-          const uint8_t* src = cp + n * K + b * kBlockK;
-          for (int j = 0; j < 4; ++j)
-            for (int e = 0; e < 4; ++e)
-              R[j * 64 + r * 4 + e] = static_cast<uint8_t>((src[4 * j + e] & 0x0F) | (src[16 + 4 * j + e] & 0x0F) << 4);
-          float_to_half(dp[n * nb + b], R + 256 + 2 * r);
-          float_to_half(mp[n * nb + b], R + 288 + 2 * r);
-        }
-      }
-  });
-  return out;
-}
-
-at::Tensor pack_q8(const at::Tensor& codes, const at::Tensor& d) {
-  TORCH_CHECK(codes.scalar_type() == at::kChar && codes.dim() == 2, "codes: [N, K] int8");
-  const int64_t N = codes.size(0), K = codes.size(1), nb = K / kBlockK, groups = (N + kGroupRows - 1) / kGroupRows;
-  TORCH_CHECK(K % kBlockK == 0, "K must be a multiple of 32, got ", K);
-  check_scales(d, N, nb, "d");
-  auto c = codes.contiguous();
-  auto df = d.to(at::kFloat).contiguous();
-  auto out = at::zeros({groups * nb * kQ8Record}, codes.options().dtype(at::kByte));
-  const int8_t* cp = c.data_ptr<int8_t>();
-  const float* dp = df.data_ptr<float>();
-  uint8_t* op = out.data_ptr<uint8_t>();
-  at::parallel_for(0, groups, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t g = begin; g < end; ++g)
-      for (int64_t b = 0; b < nb; ++b) {
-        uint8_t* R = op + (g * nb + b) * kQ8Record;
-        for (int64_t r = 0; r < std::min(kGroupRows, N - g * kGroupRows); ++r) {
-          const int64_t n = g * kGroupRows + r;
-          const int8_t* src = cp + n * K + b * kBlockK;
-          int32_t sum = 0;
-          for (int k = 0; k < kBlockK; ++k) {
-            R[(k / 4) * 64 + r * 4 + (k % 4)] = static_cast<uint8_t>(src[k]);
-            sum += src[k];
-          }
-          float_to_half(dp[n * nb + b], R + 512 + 2 * r);
-          const float d16 = half_to_float(R + 512 + 2 * r);  // the scale the kernels will read
-          const float s = d16 * static_cast<float>(sum);
-          std::memcpy(R + 544 + 4 * r, &s, 4);
-        }
-      }
-  });
-  return out;
-}
-
-// rows ids[i] of W -> out[i, K] float32
 void dequantize_rows(const uint8_t* rp, int64_t bits, int64_t N, int64_t K, const int64_t* ids, int64_t count,
                      float* wp) {
   const int64_t nb = K / kBlockK, rec_size = bits == 4 ? kQ4Record : kQ8Record;
@@ -414,9 +341,85 @@ void check_records(const at::Tensor& records, int64_t bits, int64_t N, int64_t K
                   records.numel() == groups * (K / kBlockK) * rec_size, "records do not hold [", N, ", ", K, "]");
 }
 
+}  // namespace
+
+namespace tokenmill_ops {
+
+at::Tensor q4_linear(const at::Tensor& x, const at::Tensor& records, int64_t N, const c10::optional<at::Tensor>& bias) {
+  return q_linear(x, records, N, bias, true);
+}
+
+at::Tensor q8_linear(const at::Tensor& x, const at::Tensor& records, int64_t N, const c10::optional<at::Tensor>& bias) {
+  return q_linear(x, records, N, bias, false);
+}
+
+at::Tensor pack_q4(const at::Tensor& codes, const at::Tensor& d, const at::Tensor& m) {
+  TORCH_CHECK(codes.scalar_type() == at::kByte && codes.dim() == 2, "codes: [N, K] uint8 in 0..15");
+  const int64_t N = codes.size(0), K = codes.size(1), nb = K / kBlockK, groups = (N + kGroupRows - 1) / kGroupRows;
+  TORCH_CHECK(K % kBlockK == 0, "K must be a multiple of 32, got ", K);
+  check_scales(d, N, nb, "d");
+  check_scales(m, N, nb, "m");
+  auto c = codes.contiguous();
+  auto df = d.to(at::kFloat).contiguous(), mf = m.to(at::kFloat).contiguous();
+  auto out = codes.new_zeros({groups * nb * kQ4Record});
+  const uint8_t* cp = c.data_ptr<uint8_t>();
+  const float *dp = df.data_ptr<float>(), *mp = mf.data_ptr<float>();
+  uint8_t* op = out.data_ptr<uint8_t>();
+  at::parallel_for(0, groups, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t g = begin; g < end; ++g)
+      for (int64_t b = 0; b < nb; ++b) {
+        uint8_t* R = op + (g * nb + b) * kQ4Record;
+        for (int64_t r = 0; r < std::min(kGroupRows, N - g * kGroupRows); ++r) {
+          const int64_t n = g * kGroupRows + r;
+          const uint8_t* src = cp + n * K + b * kBlockK;
+          for (int j = 0; j < 4; ++j)
+            for (int e = 0; e < 4; ++e)
+              R[j * 64 + r * 4 + e] = static_cast<uint8_t>((src[4 * j + e] & 0x0F) | (src[16 + 4 * j + e] & 0x0F) << 4);
+          float_to_half(dp[n * nb + b], R + 256 + 2 * r);
+          float_to_half(mp[n * nb + b], R + 288 + 2 * r);
+        }
+      }
+  });
+  return out;
+}
+
+at::Tensor pack_q8(const at::Tensor& codes, const at::Tensor& d) {
+  TORCH_CHECK(codes.scalar_type() == at::kChar && codes.dim() == 2, "codes: [N, K] int8");
+  const int64_t N = codes.size(0), K = codes.size(1), nb = K / kBlockK, groups = (N + kGroupRows - 1) / kGroupRows;
+  TORCH_CHECK(K % kBlockK == 0, "K must be a multiple of 32, got ", K);
+  check_scales(d, N, nb, "d");
+  auto c = codes.contiguous();
+  auto df = d.to(at::kFloat).contiguous();
+  auto out = codes.new_zeros({groups * nb * kQ8Record}, codes.options().dtype(at::kByte));
+  const int8_t* cp = c.data_ptr<int8_t>();
+  const float* dp = df.data_ptr<float>();
+  uint8_t* op = out.data_ptr<uint8_t>();
+  at::parallel_for(0, groups, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t g = begin; g < end; ++g)
+      for (int64_t b = 0; b < nb; ++b) {
+        uint8_t* R = op + (g * nb + b) * kQ8Record;
+        for (int64_t r = 0; r < std::min(kGroupRows, N - g * kGroupRows); ++r) {
+          const int64_t n = g * kGroupRows + r;
+          const int8_t* src = cp + n * K + b * kBlockK;
+          int32_t sum = 0;
+          for (int k = 0; k < kBlockK; ++k) {
+            R[(k / 4) * 64 + r * 4 + (k % 4)] = static_cast<uint8_t>(src[k]);
+            sum += src[k];
+          }
+          float_to_half(dp[n * nb + b], R + 512 + 2 * r);
+          const float d16 = half_to_float(R + 512 + 2 * r);  // the scale the kernels will read
+          const float s = d16 * static_cast<float>(sum);
+          std::memcpy(R + 544 + 4 * r, &s, 4);
+        }
+      }
+  });
+  return out;
+}
+
+// rows ids[i] of W -> out[i, K] float32
 at::Tensor q_dequantize(const at::Tensor& records, int64_t bits, int64_t N, int64_t K) {
   check_records(records, bits, N, K);
-  auto w = at::empty({N, K}, records.options().dtype(at::kFloat));
+  auto w = tokenmill_ops::new_tensor({N, K}, records.options().dtype(at::kFloat));
   dequantize_rows(records.data_ptr<uint8_t>(), bits, N, K, nullptr, N, w.data_ptr<float>());
   return w;
 }
@@ -425,27 +428,9 @@ at::Tensor q_dequantize_rows(const at::Tensor& records, int64_t bits, int64_t N,
   check_records(records, bits, N, K);
   TORCH_CHECK(ids.dim() == 1, "ids: [T]");
   const at::Tensor idc = ids.to(at::kLong).contiguous();
-  auto w = at::empty({idc.size(0), K}, records.options().dtype(at::kFloat));
+  auto w = tokenmill_ops::new_tensor({idc.size(0), K}, records.options().dtype(at::kFloat));
   dequantize_rows(records.data_ptr<uint8_t>(), bits, N, K, idc.data_ptr<int64_t>(), idc.size(0), w.data_ptr<float>());
   return w;
 }
 
-}  // namespace
-
-TORCH_LIBRARY_FRAGMENT(tokenmill, m) {
-  m.def("pack_q4(Tensor codes, Tensor d, Tensor m) -> Tensor");
-  m.def("pack_q8(Tensor codes, Tensor d) -> Tensor");
-  m.def("q4_linear(Tensor x, Tensor records, int N, Tensor? bias) -> Tensor");
-  m.def("q8_linear(Tensor x, Tensor records, int N, Tensor? bias) -> Tensor");
-  m.def("q_dequantize(Tensor records, int bits, int N, int K) -> Tensor");
-  m.def("q_dequantize_rows(Tensor records, int bits, int N, int K, Tensor ids) -> Tensor");
-}
-
-TORCH_LIBRARY_IMPL(tokenmill, CPU, m) {
-  m.impl("pack_q4", &pack_q4);
-  m.impl("pack_q8", &pack_q8);
-  m.impl("q4_linear", &q4_linear);
-  m.impl("q8_linear", &q8_linear);
-  m.impl("q_dequantize", &q_dequantize);
-  m.impl("q_dequantize_rows", &q_dequantize_rows);
-}
+}  // namespace tokenmill_ops
