@@ -157,7 +157,7 @@ at::Tensor bf16_panel_linear(const at::Tensor& x, const at::Tensor& packed, int6
   const int64_t M = x.size(0), K = x.size(1), panels = packed.size(0);
   TORCH_CHECK(packed.size(1) == (K + 1) / 2 && panels == (N + kBf16PanelCols - 1) / kBf16PanelCols,
               "packed does not hold [", N, ", ", K, "]");
-  auto y = tokenmill_ops::new_tensor({M, N}, x.options().dtype(at::kFloat));
+  auto y = new_tensor({M, N}, x.options().dtype(at::kFloat));
   at::Tensor bc;
   const float* b = nullptr;
   if (bias.has_value() && bias->defined()) {

@@ -9,8 +9,8 @@
 
 #include <cmath>
 
-#include "vec_math.h"
 #include "ops.h"
+#include "vec_math.h"
 
 namespace {
 
@@ -56,7 +56,7 @@ void fused_add_rms_norm(at::Tensor& x, at::Tensor& residual, const at::Tensor& w
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
   check_rows(x, "x");
   TORCH_CHECK(weight.is_contiguous() && weight.numel() == x.size(1), "weight does not match x");
-  auto out = tokenmill_ops::new_tensor({x.size(0), x.size(1)}, x.options());
+  auto out = new_tensor({x.size(0), x.size(1)}, x.options());
   const int64_t n = x.size(1), xs = x.stride(0);
   const float* xp = x.data_ptr<float>();
   const float* w = weight.data_ptr<float>();
@@ -70,7 +70,7 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
 at::Tensor silu_and_mul(const at::Tensor& gu) {
   check_rows(gu, "gate_up");
   const int64_t inter = gu.size(1) / 2, gs = gu.stride(0);
-  auto out = tokenmill_ops::new_tensor({gu.size(0), inter}, gu.options());
+  auto out = new_tensor({gu.size(0), inter}, gu.options());
   const float* g = gu.data_ptr<float>();
   float* o = out.data_ptr<float>();
   at::parallel_for(0, gu.size(0), 4, [&](int64_t b, int64_t e) {

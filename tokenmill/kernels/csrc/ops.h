@@ -1,6 +1,6 @@
 // Every op the kernels export, as plain C++ functions; register_ops.cpp declares their schemas and
 // registers them with the dispatcher. Kernel units include only this (ATen's Tensor) and
-// ATen/Parallel.h: torch/library.h and ATen/ATen.h took two thirds of each unit's compile time.
+// ATen/Parallel.h: torch/library.h and ATen/ATen.h took most of each unit's compile time.
 #pragma once
 
 #include <ATen/EmptyTensor.h>

@@ -309,7 +309,7 @@ at::Tensor paged_decode(const at::Tensor& q, const at::Tensor& k_cache, const at
   TORCH_CHECK(!quantized || log8 || k_scale.scalar_type() == at::kFloat, "scales: int8 log8 codes or float32");
   const void* ks = quantized ? k_scale.data_ptr() : nullptr;
   const void* vs = quantized ? v_scale.data_ptr() : nullptr;
-  auto out = tokenmill_ops::new_tensor(q.sizes(), q.options());  // q is contiguous
+  auto out = new_tensor(q.sizes(), q.options());  // q is contiguous
   const int64_t max_blocks = block_tables.size(1);
   const auto* tables = block_tables.data_ptr<int64_t>();
   const auto* lens = seq_lens.data_ptr<int64_t>();

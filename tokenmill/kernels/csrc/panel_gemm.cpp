@@ -7,7 +7,6 @@
 // (gemm_micro.h) keeps an MR x 16 block of y in registers, reusing each panel from L2 for every
 // block of rows. Measured against oneDNN with a prepacked weight: docs/BENCHMARKS.md, "GEMM"
 // (`python -m tokenmill.bench.kernels`).
-#include "ops.h"
 #include <ATen/Parallel.h>
 
 #include <algorithm>
@@ -15,6 +14,7 @@
 #include "cpu_isa.h"
 #include "gemm_isa.h"
 #include "gemm_micro.h"
+#include "ops.h"
 
 namespace {
 
@@ -50,7 +50,7 @@ at::Tensor panel_linear(const at::Tensor& x, const at::Tensor& packed, int64_t N
   TORCH_CHECK(packed.size(0) == (N + NR - 1) / NR && packed.is_contiguous(), "packed does not hold N columns");
   auto xc = x.contiguous();
   const int64_t M = x.size(0), K = x.size(1), panels = packed.size(0);
-  auto y = tokenmill_ops::new_tensor({M, N}, x.options());
+  auto y = new_tensor({M, N}, x.options());
   const float* b = nullptr;
   at::Tensor bc;
   if (bias.has_value() && bias->defined()) {

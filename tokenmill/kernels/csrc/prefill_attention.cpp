@@ -254,12 +254,12 @@ void prefill_f32(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, 
   });
 }
 
-// k/v float32 or bfloat16. bf16_math: the caller accepts q and the softmax numerators rounded to bf16
-// (a bf16 model, whose K/V are bf16 in the cache already); taken where the CPU has AVX512_BF16.
 }  // namespace
 
 namespace tokenmill_ops {
 
+// k/v float32 or bfloat16. bf16_math: the caller accepts q and the softmax numerators rounded to bf16
+// (a bf16 model, whose K/V are bf16 in the cache already); taken where the CPU has AVX512_BF16.
 at::Tensor prefill_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t context,
                              double scale, bool bf16_math) {
   TORCH_CHECK(q.scalar_type() == at::kFloat, "q: float32");
@@ -270,7 +270,7 @@ at::Tensor prefill_attention(const at::Tensor& q, const at::Tensor& k, const at:
   const int64_t Lq = q.size(0), H = q.size(1), D = q.size(2), Hkv = k.size(1);
   TORCH_CHECK(k.size(2) == D && Hkv > 0 && H % Hkv == 0, "head shapes do not match");
   TORCH_CHECK(context >= 0 && k.size(0) == context + Lq, "k/v must hold context + Lq keys");
-  auto out = tokenmill_ops::new_tensor({Lq, H, D}, q.options());
+  auto out = new_tensor({Lq, H, D}, q.options());
   if (Lq == 0) return out;
   const float s = static_cast<float>(scale);
   if (bf16_math && tokenmill_isa::active_level() == tokenmill_isa::Level::kAvx512Bf16)

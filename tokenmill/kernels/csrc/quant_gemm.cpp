@@ -18,8 +18,8 @@
 #include <cstring>
 
 #include "cpu_isa.h"
-#include "quant_isa.h"
 #include "ops.h"
+#include "quant_isa.h"
 
 #ifdef __AVX2__
 #include <immintrin.h>
@@ -419,7 +419,7 @@ at::Tensor pack_q8(const at::Tensor& codes, const at::Tensor& d) {
 // rows ids[i] of W -> out[i, K] float32
 at::Tensor q_dequantize(const at::Tensor& records, int64_t bits, int64_t N, int64_t K) {
   check_records(records, bits, N, K);
-  auto w = tokenmill_ops::new_tensor({N, K}, records.options().dtype(at::kFloat));
+  auto w = new_tensor({N, K}, records.options().dtype(at::kFloat));
   dequantize_rows(records.data_ptr<uint8_t>(), bits, N, K, nullptr, N, w.data_ptr<float>());
   return w;
 }
@@ -428,7 +428,7 @@ at::Tensor q_dequantize_rows(const at::Tensor& records, int64_t bits, int64_t N,
   check_records(records, bits, N, K);
   TORCH_CHECK(ids.dim() == 1, "ids: [T]");
   const at::Tensor idc = ids.to(at::kLong).contiguous();
-  auto w = tokenmill_ops::new_tensor({idc.size(0), K}, records.options().dtype(at::kFloat));
+  auto w = new_tensor({idc.size(0), K}, records.options().dtype(at::kFloat));
   dequantize_rows(records.data_ptr<uint8_t>(), bits, N, K, idc.data_ptr<int64_t>(), idc.size(0), w.data_ptr<float>());
   return w;
 }
