@@ -20,6 +20,7 @@ from safetensors.torch import save_file
 from tqdm import tqdm
 
 from tokenmill.models.gguf_arch import build_hf_config, check_architecture
+from tokenmill.models.gguf_index import GGUFIndex, open_gguf, read_metadata
 from tokenmill.models.gguf_tensors import iter_hf_tensors
 
 logger = logging.getLogger(__name__)
@@ -57,6 +58,13 @@ def gguf_to_hf_folder(gguf_path: str | Path, cache_dir: str | Path | None = None
     return target
 
 
+def gguf_index(gguf_path: str | Path, cache_dir: str | Path | None = None) -> GGUFIndex:
+    """The file's metadata and tensor table, cached beside its converted folder (models/gguf_index.py)."""
+    path = _check_gguf_file(gguf_path)
+    root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    return open_gguf(path, root / "gguf" / f"{path.stem}-{_cache_key(path)}.index.json")
+
+
 def _make_shareable(folder: Path) -> None:
     # safetensors writes its file 0600; give every file the umask-derived mode Python used for config.json.
     mode = (folder / "config.json").stat().st_mode & 0o777
@@ -91,13 +99,6 @@ def _convert_into(path: Path, out: Path) -> None:
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     _write_tokenizer(path, out, config["max_position_embeddings"], arch)
-
-
-def read_metadata(reader: GGUFReader) -> dict[str, Any]:
-    # The vocab arrays are large and only the tokenizer converter needs them.
-    skip = ("tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.ggml.token_type",
-            "tokenizer.ggml.scores")
-    return {k: f.contents() for k, f in reader.fields.items() if k not in skip}
 
 
 def _write_tokenizer(path: Path, out: Path, max_len: int, arch: str) -> None:

@@ -1,6 +1,7 @@
 """`quantization="gguf"`: a .gguf model's Q4_0 / Q4_1 / Q8_0 tensors stay quantized.
 
-The weights are read from the .gguf file itself (memory-mapped by gguf's reader): quantized
+The weights are read from the .gguf file itself (memory-mapped; its tensor table cached by
+models/gguf_index.py, so a start does not parse the vocabulary again): quantized
 tensors reach the layers as `BlockQuantized` codes (quant/blocks.py), everything else (norms,
 biases, tensor types we do not keep) as float32 through the same name mapping and Q/K row
 un-permutation as the float conversion (models/gguf_tensors.py), so both paths load the same
@@ -70,18 +71,16 @@ class GGUFConfig:
 
 
 def iter_gguf_weights(path: Path) -> Iterator[tuple[str, torch.Tensor | BlockQuantized]]:
-    from gguf import GGUFReader
-
     from tokenmill.models.gguf_arch import build_hf_config, check_architecture
-    from tokenmill.models.gguf_convert import read_metadata
+    from tokenmill.models.gguf_convert import gguf_index
     from tokenmill.models.gguf_tensors import iter_hf_tensors
 
-    reader = GGUFReader(path)
-    meta = read_metadata(reader)
+    index = gguf_index(path)  # the file's fields and tensor table, without parsing its vocabulary again
+    meta = index.metadata
     arch = check_architecture(meta.get("general.architecture"), repr(str(path)))
-    config = build_hf_config(arch, meta, {t.name: [int(n) for n in t.shape] for t in reader.tensors})
+    config = build_hf_config(arch, meta, {t.name: list(t.shape) for t in index.tensors})
     kept: dict[str, int] = {}
-    for t in iter_hf_tensors(reader, arch, config, keep_blocks=GGUF_NATIVE_TYPES):
+    for t in iter_hf_tensors(index, arch, config, keep_blocks=GGUF_NATIVE_TYPES):
         if t.block_type is not None:  # rows of Q4_0 / Q4_1 / Q8_0 blocks (experts: one expert's rows)
             kept[t.block_type] = kept.get(t.block_type, 0) + 1
             yield t.name, from_gguf_blocks(t.data, t.block_type, t.data.shape[0], t.cols)

@@ -1,0 +1,83 @@
+"""How long a first or a later start takes: this tree against a git revision, alternated.
+
+    python benchmarks/start_time.py [--measure kernel-build | cold-start] [--baseline-rev HEAD~1] [--rounds 2]
+        [--json out.json]
+
+kernel-build: `cpu_ops.load()` in a fresh process with an empty TORCH_EXTENSIONS_DIR (what a user's
+first start does). cold-start: process start to the first generated token of the default model
+(`LLM()` then one greedy token), kernels already built and every cache warm (one unrecorded start per
+tree first): what every later start costs. Each runs from this checkout and from a temporary
+`git worktree` of the baseline revision, in the order ours, baseline, ours, baseline, ...; it prints
+wall and CPU (user + system) seconds of each and the ratio of the best of each. The machine's other
+load changes both, so read ratios.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+BUILD = "import sys, tokenmill; from tokenmill.kernels import cpu_ops; sys.exit(0 if cpu_ops.load() else 3)"
+FIRST_TOKEN = ("from tokenmill import LLM, SamplingParams; "
+               "LLM().generate(['Hello'], SamplingParams(max_tokens=1, temperature=0), use_tqdm=False)")
+
+
+def run_once(tree: Path, measure: str) -> dict:
+    with tempfile.TemporaryDirectory(prefix="tm-start-") as tmp:
+        env = dict(os.environ, PYTHONPATH=str(tree), TOKENMILL_CPU_KERNELS="1")
+        if measure == "kernel-build":
+            env["TORCH_EXTENSIONS_DIR"] = tmp
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        t0 = time.perf_counter()
+        run = subprocess.run([sys.executable, "-c", BUILD if measure == "kernel-build" else FIRST_TOKEN], cwd=tmp,
+                             env=env, capture_output=True, text=True)
+        wall = time.perf_counter() - t0
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if run.returncode != 0:
+        raise SystemExit(f"the {measure} from {tree} failed:\n{run.stderr[-2000:]}")
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return {"wall_s": round(wall, 2), "cpu_s": round(cpu, 2)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--measure", choices=["kernel-build", "cold-start"], default="kernel-build")
+    p.add_argument("--baseline-rev", default="HEAD~1", help="git revision to compare with (default HEAD~1)")
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--json", type=Path, default=None)
+    args = p.parse_args(argv)
+    runs: dict[str, list[dict]] = {"ours": [], "baseline": []}
+    with tempfile.TemporaryDirectory(prefix="tm-baseline-") as tmp:
+        base = Path(tmp) / "tree"
+        subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", "-q", str(base), args.baseline_rev],
+                       check=True)
+        trees = (("ours", REPO), ("baseline", base))
+        try:
+            if args.measure == "cold-start":  # kernels built, caches written: not recorded
+                for _, tree in trees:
+                    run_once(tree, args.measure)
+            for r in range(args.rounds):
+                for name, tree in trees:
+                    runs[name].append(run_once(tree, args.measure))
+                    print(f"round {r + 1} {name:8s} wall {runs[name][-1]['wall_s']:6.2f} s, "
+                          f"cpu {runs[name][-1]['cpu_s']:6.2f} s", flush=True)
+        finally:
+            subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(base)], check=False)
+    best = {name: min(r["wall_s"] for r in rs) for name, rs in runs.items()}
+    print(f"{args.measure}, best wall: ours {best['ours']:.2f} s, {args.baseline_rev} {best['baseline']:.2f} s; "
+          f"ours / baseline {best['ours'] / best['baseline']:.2f}x")
+    if args.json:
+        args.json.write_text(json.dumps({"measure": args.measure, "baseline_rev": args.baseline_rev, "runs": runs,
+                                         "best_wall_s": best}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
