@@ -107,8 +107,9 @@ def test_paged_decode_every_level(level, dtype, heads, kv_heads, d, restore_isa)
     threads = torch.get_num_threads()
     try:
         for window in (0, 20):
-            # 8 sequences on 1 thread: one sequence per task; 3 on 2 threads: KV heads split across tasks
-            for n, t in ((8, 1), (3, 2)):
+            # 8 sequences: one per task, on 1 thread, or in ranges of about equal K/V rows on 2 and 3
+            # (the 200-token one alone against the seven others); 3 on 2 threads: KV heads split
+            for n, t in ((8, 1), (8, 2), (8, 3), (3, 2)):
                 torch.set_num_threads(t)
                 out = cpu_ops.paged_decode(q[:n], cache, tables[:n], lens[:n], bs, d ** -0.5, window)
                 ref = _decode_reference(q[:n], cache, tables[:n], lens[:n], bs, window)

@@ -266,6 +266,28 @@ void attend_one(const float* q, const T* k, const T* v, const void* k_scale, con
 #undef TM_HEADS
 }
 
+// Task ranges [bounds[i], bounds[i + 1]), one per thread, of about equal work (the K/V rows each
+// task reads, plus a fixed cost per task): contexts differ widely (W1: 64-768 tokens), so equal task
+// counts per thread left one thread waiting for the other.
+std::vector<int64_t> balanced_ranges(const int64_t* seq_lens, int64_t B, int64_t splits, int64_t window,
+                                     int64_t threads) {
+  constexpr int64_t kTaskCost = 32;  // rows' worth of per-task setup (slots, softmax, scratch)
+  const int64_t tasks = B * splits, n = std::max<int64_t>(1, std::min(threads, tasks));
+  std::vector<int64_t> cum(tasks + 1, 0);
+  for (int64_t t = 0; t < tasks; ++t) {
+    const int64_t len = seq_lens[t / splits];
+    cum[t + 1] = cum[t] + (window > 0 ? std::min(len, window) : len) + kTaskCost;
+  }
+  std::vector<int64_t> bounds(n + 1, tasks);
+  bounds[0] = 0;
+  for (int64_t i = 1, t = 0; i < n; ++i) {  // first task whose range starts at or past i/n of the work
+    while (t < tasks && cum[t] * n < cum[tasks] * i) ++t;
+    if (t > bounds[i - 1] && cum[t] * n - cum[tasks] * i > cum[tasks] * i - cum[t - 1] * n) --t;  // the nearer edge
+    bounds[i] = t;
+  }
+  return bounds;
+}
+
 template <typename T>
 void decode_kernel(const float* q, const T* k, const T* v, const void* k_scale, const void* v_scale,
                    bool log8, const int64_t* tables, const int64_t* seq_lens, float* out, int64_t B,
@@ -275,11 +297,12 @@ void decode_kernel(const float* q, const T* k, const T* v, const void* k_scale, 
   const int64_t splits = B >= 2 * at::get_num_threads() ? 1 : Hkv;
   const int64_t per = Hkv / splits;
   const bool avx512 = tokenmill_isa::active_level() >= tokenmill_isa::Level::kAvx512;
-  at::parallel_for(0, B * splits, 1, [&](int64_t begin, int64_t end) {
+  const std::vector<int64_t> bounds = balanced_ranges(seq_lens, B, splits, window, at::get_num_threads());
+  at::parallel_for(0, static_cast<int64_t>(bounds.size()) - 1, 1, [&](int64_t first, int64_t last) {
     std::vector<float> scores;
     std::vector<const T*> rows;
     std::vector<int64_t> slots;
-    for (int64_t task = begin; task < end; ++task) {
+    for (int64_t task = bounds[first]; task < bounds[last]; ++task) {
       const int64_t b = task / splits, h0 = (task % splits) * per;
       attend_one(q + b * H * D, k, v, k_scale, v_scale, log8, tables + b * max_blocks, seq_lens[b],
                  out + b * H * D, H, Hkv, D, block_size, scale, window, h0, h0 + per, avx512, scores, rows,
