@@ -30,3 +30,17 @@ def smollm2_folder() -> Path:
 def smollm2_tokenizer(smollm2_folder):
     from transformers import AutoTokenizer
     return AutoTokenizer.from_pretrained(smollm2_folder)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def user_cache_untouched():
+    """Tests convert their own .gguf files into temporary caches: the user's cache gains nothing but
+    the default model's folder and index (which the suite reuses, run after run)."""
+    from tokenmill.models.default_model import DEFAULT_MODEL_NAME
+    from tokenmill.models.gguf_convert import default_cache_dir
+    folder = default_cache_dir() / "gguf"
+    before = set(folder.iterdir()) if folder.is_dir() else set()
+    yield
+    added = set(folder.iterdir()) - before if folder.is_dir() else set()
+    left = sorted(p.name for p in added if not p.name.startswith(DEFAULT_MODEL_NAME) and not p.name.startswith("."))
+    assert not left, f"tests left converted models in the user's cache {folder}: {left}"

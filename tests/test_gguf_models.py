@@ -60,9 +60,10 @@ def _write_tiny(path: Path, arch: str) -> Path:
 
 
 @pytest.mark.parametrize("arch", ["qwen3", "qwen3moe"])
-def test_gguf_converts_and_our_engine_matches(tmp_path, arch):
+def test_gguf_converts_and_our_engine_matches(tmp_path, arch, monkeypatch):
+    monkeypatch.setenv("TOKENMILL_CACHE", str(tmp_path / "cache"))  # the engine's conversion too
     path = _write_tiny(tmp_path / f"tiny-{arch}.gguf", arch)
-    folder = gguf_to_hf_folder(path, cache_dir=tmp_path / "cache")
+    folder = gguf_to_hf_folder(path)
     ids = torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5]])
     reference = _load_gguf_model(path)
     _assert_same_weights_and_logits(_load_folder_model(folder), reference, ids)

@@ -87,8 +87,15 @@ def write_tiny_quantized_qwen2(path: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def tiny_gguf(tmp_path_factory) -> Path:
+def tiny_gguf_file(tmp_path_factory) -> Path:
     return write_tiny_quantized_qwen2(tmp_path_factory.mktemp("qgguf") / "tiny-q.gguf")
+
+
+@pytest.fixture
+def tiny_gguf(tiny_gguf_file, monkeypatch) -> Path:
+    """The tiny .gguf, its converted folder and index cached beside it (not in the user's cache)."""
+    monkeypatch.setenv("TOKENMILL_CACHE", str(tiny_gguf_file.parent / "cache"))
+    return tiny_gguf_file
 
 
 @needs_kernels
