@@ -12,7 +12,6 @@ import os
 import shutil
 import uuid
 from pathlib import Path
-from typing import Any
 
 import torch
 from gguf import GGUFReader
@@ -38,11 +37,10 @@ def default_cache_dir() -> Path:
 def gguf_to_hf_folder(gguf_path: str | Path, cache_dir: str | Path | None = None) -> Path:
     """Return a Hugging Face model folder converted from `gguf_path`, converting on first use."""
     path = _check_gguf_file(gguf_path)
-    root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    target = root / "gguf" / f"{path.stem}-{_cache_key(path)}"
+    target = _cached_path(path, cache_dir)
     if target.is_dir():
         return target
-    root.joinpath("gguf").mkdir(parents=True, exist_ok=True)
+    target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.parent / f".{target.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}"
     tmp.mkdir()
     try:
@@ -61,8 +59,12 @@ def gguf_to_hf_folder(gguf_path: str | Path, cache_dir: str | Path | None = None
 def gguf_index(gguf_path: str | Path, cache_dir: str | Path | None = None) -> GGUFIndex:
     """The file's metadata and tensor table, cached beside its converted folder (models/gguf_index.py)."""
     path = _check_gguf_file(gguf_path)
+    return open_gguf(path, _cached_path(path, cache_dir, ".index.json"))
+
+
+def _cached_path(path: Path, cache_dir: str | Path | None, suffix: str = "") -> Path:
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    return open_gguf(path, root / "gguf" / f"{path.stem}-{_cache_key(path)}.index.json")
+    return root / "gguf" / f"{path.stem}-{_cache_key(path)}{suffix}"
 
 
 def _make_shareable(folder: Path) -> None:

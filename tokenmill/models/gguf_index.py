@@ -57,16 +57,14 @@ def open_gguf(path: Path, index_path: Path | None) -> GGUFIndex:
             pass
         except (OSError, ValueError, KeyError, TypeError) as e:
             logger.warning("GGUF index %s unreadable (%s); reading the file again", index_path, e)
-    reader = GGUFReader(path)
-    index = GGUFIndex(read_metadata(reader), [GGUFTensor(t.name, t.tensor_type, tuple(int(n) for n in t.shape), t.data)
-                                              for t in reader.tensors])
+    entry = _entry(path, GGUFReader(path))
     if index_path is not None:
-        _write(index_path, _entry(path, reader, index.metadata))
-    return index
+        _write(index_path, entry)
+    return _from_entry(path, entry)  # the same views whether the index was cached or just read
 
 
-def _entry(path: Path, reader: GGUFReader, metadata: dict[str, Any]) -> dict[str, Any]:
-    return {"version": INDEX_VERSION, "file_size": path.stat().st_size, "metadata": metadata,
+def _entry(path: Path, reader: GGUFReader) -> dict[str, Any]:
+    return {"version": INDEX_VERSION, "file_size": path.stat().st_size, "metadata": read_metadata(reader),
             "tensors": [{"name": t.name, "type": int(t.tensor_type), "shape": [int(n) for n in t.shape],
                          "offset": int(t.data_offset), "dtype": t.data.dtype.str, "data_shape": list(t.data.shape)}
                         for t in reader.tensors]}
