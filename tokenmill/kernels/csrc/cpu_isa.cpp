@@ -65,6 +65,9 @@ CpuIsa detect() {
   c.amx_permitted = c.amx_tile && request_amx_permission();
 #endif
 #endif
+#if defined(TM_EMULATE_AVX512)  // the test build (avx512_intrinsics.h): SIMDe stands in for the AVX-512 units
+  c.avx512f = c.avx512bw = c.avx512vl = c.avx512bf16 = c.avx512vnni = true;
+#endif
   Level have = Level::kScalar;
   if (c.avx2 && c.fma) have = Level::kAvx2;
   if (have == Level::kAvx2 && c.avx512f && c.avx512bw && c.avx512vl) have = Level::kAvx512;
@@ -89,6 +92,9 @@ std::string describe_text() {
     }
   if (first) s += "none";
   s += c.amx_tile ? (c.amx_permitted ? " amx=usable" : " amx=denied_by_os") : "";
+#if defined(TM_EMULATE_AVX512)
+  s += " emulated=simde";
+#endif
   return s;
 }
 

@@ -22,10 +22,9 @@
 #include "exp_poly.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
-#include <immintrin.h>
+#include "avx512_intrinsics.h"
 
-#pragma GCC push_options
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma")
+TM_AVX512_BEGIN("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma")
 
 namespace tm_avx512_decode {
 
@@ -265,7 +264,7 @@ bool decode_heads(const float* q, const void* k, const void* v, bool bf16, const
 
 }  // namespace tm_avx512
 
-#pragma GCC pop_options
+TM_AVX512_END
 
 #else  // not x86-64 GCC/Clang: no AVX-512 path
 

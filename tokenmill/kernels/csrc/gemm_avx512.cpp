@@ -14,10 +14,9 @@
 #include "gemm_isa.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
-#include <immintrin.h>
+#include "avx512_intrinsics.h"
 
-#pragma GCC push_options
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma,f16c")
+TM_AVX512_BEGIN("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma,f16c")
 
 // Named (not anonymous) so that tests/test_cpu_isa.py can check in the built library that AVX-512
 // instructions appear only in functions of the tm_avx512* namespaces.
@@ -278,7 +277,7 @@ void f32_panel_rows_acc(const float* x, int64_t lda, int64_t M, int64_t K, const
 }
 }  // namespace tm_avx512
 
-#pragma GCC pop_options
+TM_AVX512_END
 
 #else  // not x86-64: the level never reaches AVX-512 (cpu_isa.cpp), so these are never called
 namespace tm_avx512_bf16 {

@@ -10,10 +10,9 @@
 #include "quant_isa.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
-#include <immintrin.h>
+#include "avx512_intrinsics.h"
 
-#pragma GCC push_options
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")
+TM_AVX512_BEGIN("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")
 
 namespace tm_avx512_vnni {
 namespace {
@@ -123,7 +122,7 @@ void q8_group_rows(const uint8_t* rec, const QActs& a, int64_t row0, int64_t M, 
 
 }  // namespace tm_avx512_vnni
 
-#pragma GCC pop_options
+TM_AVX512_END
 
 #else  // not x86-64: the dispatcher never picks these (quant_gemm.cpp)
 namespace tm_avx512_vnni {
