@@ -42,9 +42,12 @@ def test_wheel_holds_every_kernel_source_and_data_file(wheel):
                 assert f"{folder}/{path.name}" in names, f"{folder}/{path.name} is not in the wheel"
 
 
-# the kernel tests whose cases run per ISA level; under emulation every level runs
+# the kernel tests whose cases run per ISA level (under emulation every level runs), and the bf16 model
+# tests, which take the avx512_bf16 paths end to end there
 ISA_TESTS = ["tests/test_cpu_isa.py", "tests/test_quant_blocks.py", "tests/test_cpu_kernels.py",
-             "tests/test_batch_invariance.py"]
+             "tests/test_batch_invariance.py", "tests/test_models_reference.py::test_bfloat16_close_to_float32",
+             "tests/test_engine_batching.py::test_bfloat16_chunking_and_preemption_outputs_identical",
+             "tests/test_models_breadth.py::test_bfloat16_close_to_float32_and_decodes"]
 
 
 def _emulation_available() -> bool:
