@@ -110,7 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
     from tokenmill.fleet.cli import add_fleet_parser, add_ledger_parser
     add_fleet_parser(sub)
     add_ledger_parser(sub)
-    from tokenmill.disagg.router import add_router_parser
+    from tokenmill.disagg.router_cli import add_router_parser
     add_router_parser(sub)
     from tokenmill.disagg.cluster import add_cluster_parser
     add_cluster_parser(sub)
@@ -128,7 +128,7 @@ def _add_serve(sub) -> None:
     add_serve_args(serve)
     serve.set_defaults(func=run_server)
 
-    from tokenmill.server.multi_launch import add_arguments as add_multi_args
+    from tokenmill.server.multi_args import add_arguments as add_multi_args
 
     def run_multi(args: argparse.Namespace) -> int:
         from tokenmill.server.multi_launch import run

@@ -16,7 +16,7 @@ from torch import nn
 from tokenmill.attention.backend import AttentionBackend
 from tokenmill.attention.mla import (DecompressedKVCacheSpec, MLAKVCacheSpec, MLAMetadata, absorbed_decode,
                                      decompressed_prefill)
-from tokenmill.models.layers import RMSNorm, RotaryEmbedding, SwiGLU, yarn_mscale
+from tokenmill.models.layers import RMSNorm, RotaryEmbedding, SwiGLU, VocabEmbedding, yarn_mscale
 from tokenmill.models.linear import Linear
 from tokenmill.models.moe_causal_lm import MoECausalLM
 from tokenmill.models.model_config import MLASpec, ModelConfig, MoESpec
@@ -161,7 +161,7 @@ class DeepseekV2ForCausalLM(MoECausalLM):
         nn.Module.__init__(self)
         self.config = cfg
         rope = RotaryEmbedding(cfg.mla.qk_rope_head_dim, max_positions, cfg.rope_theta, cfg.rope_scaling)
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.embed_tokens = VocabEmbedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(DeepseekDecoderLayer(cfg, rope, quant, f"layers.{i}", i, self.decompressed_cache)
                                     for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)

@@ -1,4 +1,4 @@
-"""Building blocks shared by the Llama family: RMSNorm, rotary embedding, SwiGLU MLP."""
+"""Building blocks shared by the Llama family: token embedding, RMSNorm, rotary embedding, SwiGLU MLP."""
 from __future__ import annotations
 
 import math
@@ -15,6 +15,15 @@ from tokenmill.quant import QuantConfig
 def _fused(x: torch.Tensor) -> bool:
     """Our fused C++ ops apply (float32 activations, kernels built); else the PyTorch ops below."""
     return x.dtype == torch.float32 and x.dim() == 2 and cpu_ops.load()
+
+
+class VocabEmbedding(nn.Embedding):
+    """nn.Embedding without the random initialisation: the checkpoint fills the table. On the meta
+    device (loader.build_model) torch's normal_ runs through torch._refs, whose first use imports
+    torch._dynamo: about 2.5 s of every engine start for numbers that are overwritten anyway."""
+
+    def reset_parameters(self) -> None:
+        pass
 
 
 class RMSNorm(nn.Module):

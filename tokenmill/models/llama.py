@@ -9,7 +9,7 @@ from torch import nn
 
 from tokenmill.attention.backend import AttentionBackend
 from tokenmill.models.base import CausalLM
-from tokenmill.models.layers import RMSNorm, RotaryEmbedding, SwiGLU
+from tokenmill.models.layers import RMSNorm, RotaryEmbedding, SwiGLU, VocabEmbedding
 from tokenmill.models.linear import Linear
 from tokenmill.models.model_config import ModelConfig
 from tokenmill.quant import QuantConfig
@@ -85,7 +85,7 @@ class LlamaForCausalLM(CausalLM):
     def __init__(self, cfg: ModelConfig, max_positions: int, quant: QuantConfig) -> None:
         super().__init__(cfg)
         rope = RotaryEmbedding(cfg.head_dim, max_positions, cfg.rope_theta, cfg.rope_scaling)
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.embed_tokens = VocabEmbedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(cfg, rope, quant, f"layers.{i}", i, self.qk_norm, self.mlp_factory)
                                     for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)

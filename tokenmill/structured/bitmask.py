@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import llguidance.torch as llg_torch
 import numpy as np
 import torch
 from llguidance import LLExecutor, LLMatcher
@@ -45,6 +44,9 @@ def unpack(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
 
 def fill_bitmask(matchers: list[LLMatcher], vocab_size: int) -> torch.Tensor:
     """The next-token masks of `matchers`, computed in llguidance's thread pool."""
+    # imported here, at the first constrained request: llguidance.torch calls torch.compile when
+    # imported, which loads torch._dynamo (about 3 s of every engine start otherwise)
+    import llguidance.torch as llg_torch
     bitmask = llg_torch.allocate_token_bitmask(len(matchers), vocab_size)
     if len(matchers) == 1:
         llg_torch.fill_next_token_bitmask(matchers[0], bitmask)

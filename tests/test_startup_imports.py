@@ -1,0 +1,36 @@
+"""What a start imports: heavy modules that a start does not use must stay out (each cost seconds of
+every `tokenmill generate`, `serve` and test server; docs/BENCHMARKS.md, "Start-up time"). Checked
+in fresh interpreters, by module name, not by time."""
+import subprocess
+import sys
+
+ENGINE = """
+import sys
+from tokenmill import LLM, SamplingParams
+llm = LLM(sys.argv[1], dtype="float32", kv_cache_memory_gb=0.01)
+llm.generate(["hello"], SamplingParams(max_tokens=2))
+print(" ".join(m for m in ("torch._dynamo", "llguidance.torch") if m in sys.modules))
+"""
+
+PARSER = """
+import sys
+from tokenmill.cli import build_parser
+build_parser()
+print(" ".join(m for m in ("fastapi", "uvicorn", "starlette") if m in sys.modules))
+"""
+
+
+def _imported(code: str, *args: str) -> str:
+    run = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return run.stdout.strip().splitlines()[-1] if run.stdout.strip() else ""
+
+
+def test_an_engine_start_and_step_import_no_dynamo(tiny_llama):
+    # torch._dynamo came in through llguidance.torch (it calls torch.compile on import) and through
+    # nn.Embedding's random init on the meta device; a constrained request may still import it
+    assert _imported(ENGINE, str(tiny_llama)) == ""
+
+
+def test_the_cli_parser_imports_no_web_stack():
+    assert _imported(PARSER) == ""
