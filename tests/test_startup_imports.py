@@ -34,3 +34,21 @@ def test_an_engine_start_and_step_import_no_dynamo(tiny_llama):
 
 def test_the_cli_parser_imports_no_web_stack():
     assert _imported(PARSER) == ""
+
+
+def test_the_default_models_tokenizer_is_autotokenizers_without_the_config_load():
+    """load_tokenizer skips AutoTokenizer's config load for folders that name PreTrainedTokenizerFast:
+    the same class, so the same tokens and chat prompt as AutoTokenizer gives."""
+    from transformers import AutoTokenizer
+
+    from tokenmill.engine.tokenizer import load_tokenizer
+    from tokenmill.models.default_model import resolve_default_model
+    folder = resolve_default_model()
+    ours, auto = load_tokenizer(folder), AutoTokenizer.from_pretrained(str(folder))
+    assert type(ours) is type(auto)
+    for text in ["Hello world, the capital of France", " spaces  and\ttabs\n", "<|im_start|>user ünïcødé 123"]:
+        assert ours.encode(text) == auto.encode(text)
+    chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}]
+    assert ours.apply_chat_template(chat, tokenize=False, add_generation_prompt=True) == \
+        auto.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+    assert (ours.eos_token_id, ours.bos_token_id) == (auto.eos_token_id, auto.bos_token_id)
