@@ -21,11 +21,12 @@ def _tokenizer_class(folder: Path):
     default model among them): AutoTokenizer picks that same class, but only after loading the model
     config, whose imports (transformers' model registry, torch.distributed.tensor) cost ~1.5 s of
     every start."""
-    from transformers import AutoTokenizer, PreTrainedTokenizerFast
     try:
         declared = json.loads((folder / "tokenizer_config.json").read_text()).get("tokenizer_class")
     except (OSError, ValueError, AttributeError):
         declared = None
     if declared == "PreTrainedTokenizerFast" and (folder / "tokenizer.json").is_file():
+        from transformers import PreTrainedTokenizerFast
         return PreTrainedTokenizerFast
+    from transformers import AutoTokenizer  # its import alone loads transformers' model registry
     return AutoTokenizer
