@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import torch
+from torch import nn
 from safetensors import safe_open
 from tqdm import tqdm
 
@@ -42,6 +43,19 @@ def _default_dtype(dtype: torch.dtype):
         torch.set_default_dtype(old)
 
 
+def _materialize(model: nn.Module) -> None:
+    """Real (uninitialised) CPU storage for every meta parameter and buffer, as `to_empty` gives,
+    through torch.empty: to_empty's empty_like on meta tensors runs torch._refs, whose first use
+    imports torch.fx's symbolic shapes and sympy (~0.7 s of every start)."""
+    for module in model.modules():
+        for name, p in module._parameters.items():
+            if p is not None and p.is_meta:
+                module._parameters[name] = nn.Parameter(torch.empty(p.shape, dtype=p.dtype), p.requires_grad)
+        for name, b in module._buffers.items():
+            if b is not None and b.is_meta:
+                module._buffers[name] = torch.empty(b.shape, dtype=b.dtype)
+
+
 def build_model(cfg: ModelConfig, folder: str | Path, dtype: torch.dtype, max_positions: int,
                 quant: QuantConfig | None = None) -> CausalLM:
     cls = get_model_class(cfg.architecture)
@@ -49,7 +63,7 @@ def build_model(cfg: ModelConfig, folder: str | Path, dtype: torch.dtype, max_po
     # bf16 panel weights keep float32 activations around them (quant/unquantized.py)
     with torch.device("meta"), _default_dtype(quant.activation_dtype):
         model = cls(cfg, max_positions, quant)
-    model = model.to_empty(device="cpu")
+    _materialize(model)
     model.tie_weights()
     weights = quant.iter_weights(folder) if hasattr(quant, "iter_weights") else iter_safetensors(folder)
     loaded = model.load_weights(weights)
