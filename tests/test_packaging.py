@@ -6,7 +6,7 @@ install fall back to the slow path without a word.
 That one build is also the AVX-512 test build where SIMDe is installed (TOKENMILL_EMULATE_AVX512=1,
 kernels/csrc/avx512_intrinsics.h): the AVX-512 F/BF16/VNNI kernels run on emulated intrinsics, so
 the kernel tests' avx512 and avx512_bf16 cases run on every CPU, AVX2-only ones included (one
-build of about a minute and a half serves both checks)."""
+build of about a minute serves both checks)."""
 import os
 import shutil
 import subprocess
