@@ -21,8 +21,8 @@ print(" ".join(m for m in ("fastapi", "uvicorn", "starlette") if m in sys.module
 """
 
 
-def _imported(code: str, *args: str) -> str:
-    run = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=300)
+def _imported(code: str) -> str:
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
     return run.stdout.strip().splitlines()[-1] if run.stdout.strip() else ""
 

@@ -20,7 +20,8 @@ def _fused(x: torch.Tensor) -> bool:
 class VocabEmbedding(nn.Embedding):
     """nn.Embedding without the random initialisation: the checkpoint fills the table. On the meta
     device (loader.build_model) torch's normal_ runs through torch._refs, whose first use imports
-    torch._dynamo: about 2.5 s of every engine start for numbers that are overwritten anyway."""
+    torch._dynamo: seconds of every engine start (docs/BENCHMARKS.md, "Start-up time") for numbers
+    that are overwritten anyway."""
 
     def reset_parameters(self) -> None:
         pass
