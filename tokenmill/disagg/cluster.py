@@ -109,6 +109,8 @@ def run_cluster(args) -> int:
 
     from tokenmill.disagg.launchers import make_launcher
     from tokenmill.disagg.router import Router, build_router_app
+    from tokenmill.server.listen import listen_socket
+    sock = listen_socket(args.host, args.port)  # held before the engines take their free ports
     args.log_dir.mkdir(parents=True, exist_ok=True)
     shares = core_shares(sorted(os.sched_getaffinity(0)), args.engines)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -125,7 +127,8 @@ def run_cluster(args) -> int:
             router.enable_planner(cfg, profile)
         print(f"router on http://{args.host}:{args.port}: {args.prefill} prefill, "
               f"{args.engines - args.prefill} decode; planner {'off' if args.no_planner else args.planner}", flush=True)
-        uvicorn.run(build_router_app(router), host=args.host, port=args.port, log_level="warning")
+        config = uvicorn.Config(build_router_app(router), host=args.host, port=args.port, log_level="warning")
+        uvicorn.Server(config).run(sockets=[sock])
     finally:
         launcher.stop()
     return 0

@@ -33,13 +33,17 @@ def run_fleet(args: argparse.Namespace) -> int:
     from tokenmill.fleet.config import load_fleet_config
     from tokenmill.fleet.runtime import FleetRuntime
 
+    from tokenmill.server.listen import listen_socket
+
     config = load_fleet_config(args.config)  # ValueError naming the field: one line, exit 2
+    sock = listen_socket(args.host, args.port)  # held before the replicas take their free ports
     log_dir = Path(args.log_dir or tempfile.mkdtemp(prefix="tokenmill-fleet-"))
     runtime = FleetRuntime(config, log_dir, args.ledger, ready_timeout=args.ready_timeout)
     logger.info("replica logs in %s; ledger %s", log_dir, runtime.ledger.path)
     app = build_fleet_app(runtime)
-    uvicorn.run(app, host=args.host, port=args.port, log_config=tm_logger.uvicorn_log_config("info"),
-                access_log=False, lifespan="on")
+    config = uvicorn.Config(app, host=args.host, port=args.port, log_config=tm_logger.uvicorn_log_config("info"),
+                            access_log=False, lifespan="on")
+    uvicorn.Server(config).run(sockets=[sock])
     return 0
 
 

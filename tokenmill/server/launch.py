@@ -27,6 +27,7 @@ import uvicorn
 from tokenmill import logger as tm_logger
 from tokenmill.server import cli_args
 from tokenmill.server.app import build_app
+from tokenmill.server.listen import listen_socket
 from tokenmill.server.state import ServerState
 
 logger = logging.getLogger("tokenmill.server")
@@ -64,7 +65,7 @@ class _Server(uvicorn.Server):
 
 def run_server(args: argparse.Namespace) -> int:
     """`tokenmill serve`: returns the process exit status (0 after SIGTERM or SIGINT, 1 if the model
-    fails to load, 2 for bad flags, 3 (uvicorn's) if the port cannot be bound)."""
+    fails to load, 2 for bad flags, 3 (uvicorn's start-up failure) if the port cannot be bound)."""
     import prometheus_client
 
     from tokenmill.engine.engine import LLMEngine
@@ -84,6 +85,11 @@ def run_server(args: argparse.Namespace) -> int:
     # The engine thread and the HTTP event loop share the GIL: each time a model op returns, the
     # engine waits for the loop to give the GIL back, up to the switch interval (5 ms by default).
     # 0.5 ms measured 3-5% lower streaming TPOT at 16 streams (docs/BENCHMARKS.md).
+    try:  # before the engine opens its side ports (KV connectors) and loads: a taken port fails at once
+        sock = listen_socket(args.host, args.port)
+    except OSError as e:
+        print(f"tokenmill serve: error: {e}", file=sys.stderr)
+        return 3
     sys.setswitchinterval(SWITCH_INTERVAL_S)
     if args.host in _LOOPBACK and "UCX_NET_DEVICES" not in os.environ:
         # a server on loopback keeps its KV transfers there too: NIXL's UCX otherwise listens on every
@@ -107,8 +113,8 @@ def run_server(args: argparse.Namespace) -> int:
     server = _Server(uv_config, drain_on_signal(state.begin_drain))
     state.on_fatal = lambda: setattr(server, "should_exit", True)
     try:
-        server.run()
-    except SystemExit as e:  # uvicorn exits this way when it cannot bind
+        server.run(sockets=[sock])
+    except SystemExit as e:  # uvicorn exits this way when the app fails to start
         return e.code if isinstance(e.code, int) else 1
     except KeyboardInterrupt:
         return 130

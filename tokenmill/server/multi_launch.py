@@ -20,6 +20,7 @@ from tokenmill import logger as tm_logger
 from tokenmill.server import cli_args
 from tokenmill.server.app import build_app
 from tokenmill.server.launch import SWITCH_INTERVAL_S, _Server, drain_on_signal
+from tokenmill.server.listen import listen_socket
 from tokenmill.server.multi_args import make_parser
 from tokenmill.server.multi_model import HostedModel, MultiModelApp
 
@@ -59,13 +60,18 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, OSError) as e:
         print(f"tokenmill serve-multi: error: {e}", file=sys.stderr)
         return 2
+    try:
+        sock = listen_socket(args.host, args.port)
+    except OSError as e:
+        print(f"tokenmill serve-multi: error: {e}", file=sys.stderr)
+        return 3
     sys.setswitchinterval(SWITCH_INTERVAL_S)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, lifespan="on",
                             log_config=tm_logger.uvicorn_log_config(args.log_level),
                             access_log=not args.disable_access_log)
     server = _Server(config, drain_on_signal(app.begin_drain))
     try:
-        server.run()
+        server.run(sockets=[sock])
     except SystemExit as e:
         return e.code if isinstance(e.code, int) else 1
     except KeyboardInterrupt:
