@@ -4,6 +4,8 @@ in fresh interpreters, by module name, not by time."""
 import subprocess
 import sys
 
+import pytest
+
 ENGINE = """
 import sys
 from tokenmill import LLM, SamplingParams
@@ -21,8 +23,18 @@ print(" ".join(m for m in ("fastapi", "uvicorn", "starlette") if m in sys.module
 """
 
 
-def _imported(code: str) -> str:
-    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+TOKENIZERS = """
+import sys
+from tokenmill.engine.tokenizer import load_tokenizer
+for folder in sys.argv[1:]:
+    load_tokenizer(folder)
+print(" ".join(m for m in ("transformers.models.auto.configuration_auto", "sympy", "torch.distributed.tensor")
+               if m in sys.modules))
+"""
+
+
+def _imported(code: str, *args: str) -> str:
+    run = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
     return run.stdout.strip().splitlines()[-1] if run.stdout.strip() else ""
 
@@ -39,19 +51,31 @@ def test_the_cli_parser_imports_no_web_stack():
     assert _imported(PARSER) == ""
 
 
-def test_the_default_models_tokenizer_is_autotokenizers_without_the_config_load():
-    """load_tokenizer skips AutoTokenizer's config load for folders that name PreTrainedTokenizerFast:
-    the same class, so the same tokens and chat prompt as AutoTokenizer gives."""
+def _default_model_folder():
+    from tokenmill.models.default_model import resolve_default_model
+    return resolve_default_model()
+
+
+def test_generic_fast_tokenizers_load_without_the_model_config(tiny_llama):
+    # the default model's folder names PreTrainedTokenizerFast, the tiny one (saved by transformers 5)
+    # TokenizersBackend; AutoTokenizer would load the model config for either (~1.5 s of imports)
+    assert _imported(TOKENIZERS, str(_default_model_folder()), str(tiny_llama)) == ""
+
+
+@pytest.mark.parametrize("which", ["default", "tiny"])
+def test_the_tokenizer_is_autotokenizers_without_the_config_load(which, tiny_llama):
+    """load_tokenizer skips AutoTokenizer's config load for folders that name the generic fast
+    tokenizer: the same class, so the same tokens and chat prompt as AutoTokenizer gives."""
     from transformers import AutoTokenizer
 
     from tokenmill.engine.tokenizer import load_tokenizer
-    from tokenmill.models.default_model import resolve_default_model
-    folder = resolve_default_model()
+    folder = _default_model_folder() if which == "default" else tiny_llama
     ours, auto = load_tokenizer(folder), AutoTokenizer.from_pretrained(str(folder))
     assert type(ours) is type(auto)
     for text in ["Hello world, the capital of France", " spaces  and\ttabs\n", "<|im_start|>user ünïcødé 123"]:
         assert ours.encode(text) == auto.encode(text)
-    chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}]
-    assert ours.apply_chat_template(chat, tokenize=False, add_generation_prompt=True) == \
-        auto.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+    if auto.chat_template is not None:
+        chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}]
+        assert ours.apply_chat_template(chat, tokenize=False, add_generation_prompt=True) == \
+            auto.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
     assert (ours.eos_token_id, ours.bos_token_id) == (auto.eos_token_id, auto.bos_token_id)
