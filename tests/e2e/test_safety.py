@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import re
 import socket
@@ -146,25 +147,38 @@ def test_queue_overflow_is_429(strict_server):
     _wait_for("the engine to go idle", lambda: _idle(strict_server.url))
 
     async def main():
-        async with httpx.AsyncClient(base_url=strict_server.url, headers=AUTH, timeout=120) as c:
-            async with c.stream("POST", "/v1/completions", json={**LONG, "stream": True}) as blocker:
-                async for line in blocker.aiter_lines():
+        first_token = asyncio.Event()
+
+        async def hold_the_slot(client: httpx.AsyncClient) -> None:
+            # reads the long request's stream until cancelled: a `break` out of `aiter_lines()` would
+            # leave the generator to be collected, which closes the stream and aborts the request at
+            # once (the admitted two then ran, and the queue had room again: a flaky 400 for the ninth)
+            async with client.stream("POST", "/v1/completions", json={**LONG, "stream": True}) as r:
+                async for line in r.aiter_lines():
                     if line.startswith("data: {"):
-                        break  # a token came out: the blocker holds the only running slot
-                tasks = [asyncio.ensure_future(c.post("/v1/completions", json={"prompt": "hi", "max_tokens": 20,
-                                                                                "ignore_eos": True}))
-                         for _ in range(8)]
+                        first_token.set()  # a token came out: the blocker holds the only running slot
 
-                async def answered(n: int) -> None:
-                    while sum(t.done() for t in tasks) < n:
-                        await asyncio.sleep(0.01)
+        async with httpx.AsyncClient(base_url=strict_server.url, headers=AUTH, timeout=120) as c, \
+                httpx.AsyncClient(base_url=strict_server.url, headers=AUTH, timeout=120) as blocker_client:
+            blocker = asyncio.ensure_future(hold_the_slot(blocker_client))
+            await asyncio.wait_for(first_token.wait(), 60)
+            tasks = [asyncio.ensure_future(c.post("/v1/completions", json={"prompt": "hi", "max_tokens": 20,
+                                                                            "ignore_eos": True}))
+                     for _ in range(8)]
 
-                await asyncio.wait_for(answered(6), 60)  # the timeout is only a safety net
-                refused = [t.result() for t in tasks if t.done()]
-                # the queue is full: shed before the body is read (not even parsed: a broken one gets 429 too)
-                refused.append(await c.post("/v1/completions", content=b"{not json",
-                                            headers={"content-type": "application/json"}))
-            # the blocker's stream is closed here: it is aborted and the admitted two run
+            async def answered(n: int) -> None:
+                while sum(t.done() for t in tasks) < n:
+                    await asyncio.sleep(0.01)
+
+            await asyncio.wait_for(answered(6), 60)  # the timeout is only a safety net
+            refused = [t.result() for t in tasks if t.done()]
+            # the queue is full: shed before the body is read (not even parsed: a broken one gets 429 too)
+            refused.append(await c.post("/v1/completions", content=b"{not json",
+                                        headers={"content-type": "application/json"}))
+            assert not blocker.done()  # still running (it needs >= 20 s): the two admitted still wait
+            blocker.cancel()  # its stream closes: it is aborted and the admitted two run
+            with contextlib.suppress(asyncio.CancelledError):
+                await blocker
             admitted = await asyncio.gather(*(t for t in tasks if not t.done()))
             return refused, admitted
 
