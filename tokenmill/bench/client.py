@@ -16,11 +16,12 @@ import asyncio
 import json
 import time
 from dataclasses import dataclass, field
-from typing import Any
-
-import httpx
+from typing import TYPE_CHECKING, Any
 
 from tokenmill.bench.workloads import BenchError, BenchRequest
+
+if TYPE_CHECKING:  # httpx loads when a request is sent: every `tokenmill` command imports this module
+    import httpx
 
 INTERRUPTED = "interrupted"
 
@@ -180,6 +181,7 @@ async def stream_request(
     client: httpx.AsyncClient, cfg: EndpointConfig, req: BenchRequest, result: RequestResult, t0: float
 ) -> None:
     """Send one request, filling in `result`; never raises except on cancellation."""
+    import httpx
     payload = build_payload(cfg, req)
     start = time.perf_counter()
     result.start_s = start - t0
@@ -204,6 +206,7 @@ async def stream_request(
 
 async def list_models(client: httpx.AsyncClient, base_url: str, headers: dict[str, str]) -> list[str]:
     """Model ids from /v1/models ([] if the server has no such route); BenchError if unreachable."""
+    import httpx
     url = base_url.rstrip("/") + "/v1/models"
     try:
         resp = await client.get(url, headers=headers, timeout=10.0)
@@ -219,6 +222,7 @@ async def list_models(client: httpx.AsyncClient, base_url: str, headers: dict[st
 
 async def fetch_metrics(client: httpx.AsyncClient, base_url: str) -> str | None:
     """The Prometheus exposition text at /metrics, or None if there is none."""
+    import httpx
     try:
         resp = await client.get(base_url.rstrip("/") + "/metrics", timeout=10.0)
     except httpx.HTTPError:

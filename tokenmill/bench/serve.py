@@ -16,11 +16,11 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from tokenmill.bench.compare import compare_runs
-from tokenmill.bench.plan import make_plan
-from tokenmill.bench.runner import EXIT_INTERRUPTED, execute
 from tokenmill.bench.serve_args import add_serve_arguments
 from tokenmill.bench.workloads import BenchError
+
+# compare, plan and runner (with httpx and the plots) load when a benchmark runs: every `tokenmill`
+# command builds this parser, `tokenmill serve` included
 
 EXIT_USAGE = 2
 
@@ -54,6 +54,8 @@ def _fail(command: str, e: Exception) -> int:
 
 
 def run_serve(args: argparse.Namespace) -> int:
+    from tokenmill.bench.plan import make_plan
+    from tokenmill.bench.runner import EXIT_INTERRUPTED, execute
     try:
         return execute(make_plan(args))
     except (BenchError, OSError) as e:
@@ -64,6 +66,7 @@ def run_serve(args: argparse.Namespace) -> int:
 
 
 def run_compare(args: argparse.Namespace) -> int:
+    from tokenmill.bench.compare import compare_runs
     try:
         print(compare_runs(args.run_a, args.run_b))
     except BenchError as e:

@@ -21,9 +21,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import httpx
-
-from tokenmill.bench.compare import lookup
 from tokenmill.bench.fmt import md_table
 
 METRICS = (("ttft_ms.p50", "TTFT p50"), ("ttft_ms.p99", "TTFT p99"), ("tpot_ms.p50", "TPOT p50"),
@@ -70,6 +67,7 @@ def start_server(args: argparse.Namespace, port: int, log: Path) -> subprocess.P
 
 def launch_server(serve_args: list[str], port: int, log: Path) -> subprocess.Popen:
     """`tokenmill serve SERVE_ARGS` on 127.0.0.1:port, once /health answers."""
+    import httpx  # here, not at the top: every `tokenmill` command imports this module for its flags
     cmd = _cli("serve", "--host", "127.0.0.1", "--port", str(port), *serve_args)
     proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 600
@@ -117,6 +115,7 @@ def run_case(args: argparse.Namespace, workload: str, opts: list[str], rate: flo
 
 def error_rows(cases: list[tuple]) -> tuple[list[list[Any]], dict[str, list[float]]]:
     """cases: (workload, rate, measured summary, simulated summary[, (load before, load after)])."""
+    from tokenmill.bench.compare import lookup
     rows, errors = [], {label: [] for _, label in METRICS}
     for workload, rate, meas, sim, *load in cases:
         row: list[Any] = [workload, f"{rate:g}", f"{load[0][0]:.1f} -> {load[0][1]:.1f}" if load and load[0] else "-"]
