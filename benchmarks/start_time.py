@@ -20,42 +20,37 @@ import json
 import os
 import resource
 import shlex
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-import httpx
-
 REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:  # serve-start uses tokenmill's health poll and free port
+    sys.path.insert(0, str(REPO))
 BUILD = "import sys, tokenmill; from tokenmill.kernels import cpu_ops; sys.exit(0 if cpu_ops.load() else 3)"
 FIRST_TOKEN = ("from tokenmill import LLM, SamplingParams; "
                "LLM().generate(['Hello'], SamplingParams(max_tokens=1, temperature=0), use_tqdm=False)")
 
 
 def _serve_until_healthy(env: dict, cwd: str, model: str | None, flags: list[str]) -> subprocess.CompletedProcess:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    from tokenmill.disagg.launchers import wait_healthy
+    from tokenmill.fleet.replica import free_port
+    port = free_port()
     cmd = [sys.executable, "-m", "tokenmill", "serve", *([model] if model else []), *flags, "--port", str(port)]
     log = Path(cwd) / "serve.log"  # a file, not a pipe: its access log lines would fill a pipe nobody reads
     with open(log, "wb") as out:
         proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT)
-    try:
-        while proc.poll() is None:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.02)
+    try:  # polled every 20 ms: the wall time is read to about that
+        wait_healthy(f"http://127.0.0.1:{port}", lambda: None if proc.poll() is None else "exited", 600, poll_s=0.02)
+        healthy = True
+    except OSError:
+        healthy = False
     finally:
         proc.terminate()
         proc.wait(timeout=60)
-    return subprocess.CompletedProcess(cmd, 0 if proc.returncode in (0, -15) else proc.returncode, "",
-                                       log.read_text(errors="replace"))
+    return subprocess.CompletedProcess(cmd, 0 if healthy else proc.returncode or 1, "", log.read_text(errors="replace"))
 
 
 def run_once(tree: Path, measure: str, model: str | None = None, serve_args: str = "") -> dict:

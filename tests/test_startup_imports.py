@@ -76,8 +76,8 @@ def test_the_tokenizer_is_autotokenizers_without_the_config_load(which, tiny_lla
     assert type(ours) is type(auto)
     for text in ["Hello world, the capital of France", " spaces  and\ttabs\n", "<|im_start|>user ünïcødé 123"]:
         assert ours.encode(text) == auto.encode(text)
-    if auto.chat_template is not None:
-        chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}]
-        assert ours.apply_chat_template(chat, tokenize=False, add_generation_prompt=True) == \
-            auto.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+    assert auto.chat_template is not None  # both folders carry one: the prompts below are compared
+    chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}]
+    assert ours.apply_chat_template(chat, tokenize=False, add_generation_prompt=True) == \
+        auto.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
     assert (ours.eos_token_id, ours.bos_token_id) == (auto.eos_token_id, auto.bos_token_id)

@@ -29,8 +29,9 @@ class EngineLauncher(Protocol):
     def stop(self) -> None: ...
 
 
-def wait_healthy(url: str, why_not: Callable[[], str | None], timeout: float) -> None:
-    """Poll url/health until 200; `why_not()` names a reason to give up early (the engine exited)."""
+def wait_healthy(url: str, why_not: Callable[[], str | None], timeout: float, poll_s: float = 0.2) -> None:
+    """Poll url/health every poll_s until 200; `why_not()` names a reason to give up early (the
+    engine exited)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         reason = why_not()
@@ -41,7 +42,7 @@ def wait_healthy(url: str, why_not: Callable[[], str | None], timeout: float) ->
                 return
         except httpx.HTTPError:
             pass
-        time.sleep(0.2)
+        time.sleep(poll_s)
     raise OSError(f"engine {url} not healthy after {timeout:.0f} s")
 
 

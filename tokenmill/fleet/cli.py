@@ -32,7 +32,6 @@ def run_fleet(args: argparse.Namespace) -> int:
     from tokenmill.fleet.app import build_fleet_app
     from tokenmill.fleet.config import load_fleet_config
     from tokenmill.fleet.runtime import FleetRuntime
-
     from tokenmill.server.listen import listen_socket
 
     config = load_fleet_config(args.config)  # ValueError naming the field: one line, exit 2
@@ -41,9 +40,9 @@ def run_fleet(args: argparse.Namespace) -> int:
     runtime = FleetRuntime(config, log_dir, args.ledger, ready_timeout=args.ready_timeout)
     logger.info("replica logs in %s; ledger %s", log_dir, runtime.ledger.path)
     app = build_fleet_app(runtime)
-    config = uvicorn.Config(app, host=args.host, port=args.port, log_config=tm_logger.uvicorn_log_config("info"),
-                            access_log=False, lifespan="on")
-    uvicorn.Server(config).run(sockets=[sock])
+    uv_config = uvicorn.Config(app, host=args.host, port=args.port, log_config=tm_logger.uvicorn_log_config("info"),
+                               access_log=False, lifespan="on")
+    uvicorn.Server(uv_config).run(sockets=[sock])
     return 0
 
 

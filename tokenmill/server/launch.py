@@ -82,14 +82,14 @@ def run_server(args: argparse.Namespace) -> int:
     if args.host not in _LOOPBACK and not args.api_key:
         logger.warning("binding to %s without --api-key: anyone who can reach this address can use the server",
                        args.host)
-    # The engine thread and the HTTP event loop share the GIL: each time a model op returns, the
-    # engine waits for the loop to give the GIL back, up to the switch interval (5 ms by default).
-    # 0.5 ms measured 3-5% lower streaming TPOT at 16 streams (docs/BENCHMARKS.md).
     try:  # before the engine opens its side ports (KV connectors) and loads: a taken port fails at once
         sock = listen_socket(args.host, args.port)
     except OSError as e:
         print(f"tokenmill serve: error: {e}", file=sys.stderr)
         return 3
+    # The engine thread and the HTTP event loop share the GIL: each time a model op returns, the
+    # engine waits for the loop to give the GIL back, up to the switch interval (5 ms by default).
+    # 0.5 ms measured 3-5% lower streaming TPOT at 16 streams (docs/BENCHMARKS.md).
     sys.setswitchinterval(SWITCH_INTERVAL_S)
     if args.host in _LOOPBACK and "UCX_NET_DEVICES" not in os.environ:
         # a server on loopback keeps its KV transfers there too: NIXL's UCX otherwise listens on every
