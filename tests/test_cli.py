@@ -1,6 +1,7 @@
 """The command line: generate on the tiny model, flags checked before any model loads, one-line
 errors with a non-zero status, the model given as MODEL or --model, --version."""
 import importlib.metadata
+import json
 import os
 import subprocess
 import sys
@@ -62,6 +63,16 @@ def test_version():
     assert out.returncode == 0
     assert out.stdout.strip() == f"tokenmill {tokenmill.__version__}"
     assert tokenmill.__version__ == importlib.metadata.version("tokenmill")
+
+
+def test_quantize_writes_a_checkpoint_and_refuses_a_quantized_one(tiny_llama, tmp_path, capsys):
+    out = tmp_path / "int4"
+    assert main(["quantize", str(tiny_llama), "--method", "int4", "--group-size", "32", "--out", str(out)]) == 0
+    assert capsys.readouterr().out.strip() == str(out)
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["quantization_config"]["quant_method"] == "awq" and cfg["quantization_config"]["bits"] == 4
+    assert main(["quantize", str(out), "--out", str(tmp_path / "again")]) == 2
+    assert capsys.readouterr().err == f"tokenmill: error: {str(out)!r} is already quantized (awq)\n"
 
 
 @pytest.mark.parametrize("argv, message", [

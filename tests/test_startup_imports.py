@@ -19,7 +19,8 @@ PARSER = """
 import sys
 from tokenmill.cli import build_parser
 build_parser()
-print(" ".join(m for m in ("fastapi", "uvicorn", "starlette", "httpx") if m in sys.modules))
+print(" ".join(m for m in ("torch", "safetensors", "transformers", "fastapi", "uvicorn", "starlette", "httpx")
+               if m in sys.modules))
 """
 
 
@@ -47,9 +48,10 @@ def test_a_default_model_start_and_step_import_no_dynamo_nor_sympy():
     assert _imported(ENGINE) == ""
 
 
-def test_the_cli_parser_imports_no_web_stack():
-    # the serve-multi and router flags used to import FastAPI; the benchmark and simulator flags
-    # httpx (with click and rich), ~0.3 s of every `tokenmill` command
+def test_the_cli_parser_imports_no_torch_nor_web_stack():
+    # the roofline and quantize flags used to import torch (~2.5 s of every `tokenmill` command,
+    # `--version` and `--help` included); the serve-multi and router flags FastAPI; the benchmark
+    # and simulator flags httpx (with click and rich), ~0.3 s
     assert _imported(PARSER) == ""
 
 

@@ -102,8 +102,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_serve(sub)
     add_eval_parser(sub)
     _add_bench(sub)
-    from tokenmill.quant import quantize
-    quantize.add_parser(sub)
+    from tokenmill.cli_quantize import add_quantize_parser
+    add_quantize_parser(sub)
     from tokenmill.sim.cli import add_plan_parser, add_sim_parser
     add_sim_parser(sub)
     add_plan_parser(sub)

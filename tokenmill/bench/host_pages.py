@@ -26,7 +26,7 @@ KINDS = ("4k", "huge")
 
 
 def read_rates(rounds: int) -> dict[str, list[float]]:
-    from tokenmill.bench.roofline import read_bandwidth
+    from tokenmill.bench.peaks import read_bandwidth
     rates: dict[str, list[float]] = {k: [] for k in KINDS}
     for _ in range(rounds):
         for kind in KINDS:

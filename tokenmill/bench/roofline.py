@@ -22,63 +22,12 @@ import subprocess
 import sys
 import time
 
-import torch
-
-from tokenmill import host_memory
 from tokenmill.bench.script import run_script
-from tokenmill.host_memory import lazy_zeros
 
 _COLD = ("import time, sys; t0 = float(sys.argv[1]); from tokenmill import LLM, SamplingParams; "
          "llm = LLM(dtype=sys.argv[2]); "
          "o = llm.generate(['Hello'], SamplingParams(max_tokens=1, temperature=0), use_tqdm=False); "
          "print('FIRST_TOKEN', time.time() - t0)")
-
-
-def best_of(fn, repeats: int = 3) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return min(times)
-
-
-def matmul_peak(dtype: torch.dtype, n: int = 2048) -> float:
-    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
-    return 2 * n ** 3 / best_of(lambda: a @ b) / 1e9
-
-
-def panel_gemm_peak(dtype: torch.dtype, n: int = 2048) -> float | None:
-    """Our linear layers' GEMM (bf16 or float32 panels) on a large square problem."""
-    from tokenmill.kernels import cpu_ops
-    if not cpu_ops.load():
-        return None
-    x, w = torch.randn(n, n), torch.randn(n, n)
-    if dtype == torch.bfloat16:
-        packed = torch.ops.tokenmill.pack_bf16_panels(w.bfloat16())
-        fn = lambda: torch.ops.tokenmill.bf16_panel_linear(x, packed, n, None)  # noqa: E731
-    else:
-        packed = torch.ops.tokenmill.pack_panels(w)
-        fn = lambda: torch.ops.tokenmill.panel_linear(x, packed, n, None)  # noqa: E731
-    return 2 * n ** 3 / best_of(fn) / 1e9
-
-
-def _buffer(nbytes: int, value: float, huge: bool = True) -> torch.Tensor:
-    """float32 buffer in the pages the engine's weights and KV cache get (host_memory.py: huge where
-    the kernel allows), so the bandwidth floors are not lowered by TLB misses the engine does not pay."""
-    return lazy_zeros(nbytes, huge=huge).view(torch.float32).fill_(value)
-
-
-def copy_bandwidth(nbytes: int = 1 << 29) -> float:
-    src, dst = _buffer(nbytes, 1.0), _buffer(nbytes, 0.0)
-    return 2 * nbytes / best_of(lambda: dst.copy_(src)) / 1e9  # read + write
-
-
-def read_bandwidth(nbytes: int = 1 << 29, huge: bool = True) -> float:
-    """Memory read rate (a sum over a buffer far larger than the caches); `huge=False`: on 4 KiB pages."""
-    src = _buffer(nbytes, 1.0, huge)
-    return nbytes / best_of(src.sum) / 1e9
 
 
 def model_flops_per_token(cfg, context: float) -> float:
@@ -170,8 +119,11 @@ def cold_start(dtype: str) -> float:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tokenmill import LLM
+    import torch
+
+    from tokenmill import LLM, host_memory
     from tokenmill.bench.offline import machine
+    from tokenmill.bench.peaks import copy_bandwidth, matmul_peak, panel_gemm_peak, read_bandwidth
     llm = LLM(dtype=args.dtype, quantization=args.quantization, max_num_batched_tokens=1024,
               enable_prefix_caching=False)
     engine = llm.llm_engine

@@ -1,19 +1,6 @@
-"""`tokenmill quantize MODEL --method int8|int4|awq [--format awq|compressed-tensors] --out DIR`:
-write a weight-only checkpoint that tokenmill (the method is picked from config.json), vLLM and
-transformers read: 4 bits in AutoAWQ's GEMM layout (quant/awq_gptq.py, the default for int4 and
-awq), or either width in compressed-tensors' layout (quant/compressed_tensors.py, vLLM's native
-format; the only one for int8).
-
-- int8: symmetric round to nearest, one scale per output channel (compressed-tensors only).
-- int4: round to nearest per group of `--group-size` inputs with an integer zero point.
-- awq: activation-aware scaling first (Lin et al., AWQ): calibration text (the shipped
-  tokenmill/data/passages.json, not the perplexity text) runs through the float model; for each
-  set of linears sharing an input (q/k/v after the attention norm, gate/up after the MLP norm,
-  down after up) the per-input-channel scale s = mean|x|^alpha (alpha on a grid of 21 points in
-  [0, 1]) that minimises the calibration output error of the quantized weights W·s is chosen, the
-  weights are multiplied by s before quantization, and s is divided out of what produced the input
-  (the norm's weight, or up's rows). o_proj is left unscaled when K/V heads are shared (GQA).
-"""
+"""The weight quantizers behind `tokenmill quantize` (cli_quantize.py, where each method is
+described): round to nearest (int8 per channel, int4 per group with a zero point) and AWQ's
+activation-aware scales, written in AutoAWQ's or compressed-tensors' layout."""
 from __future__ import annotations
 
 import json
@@ -24,13 +11,12 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+from tokenmill.cli_quantize import FORMATS, METHODS
 from tokenmill.quant import compressed_tensors as ct
 from tokenmill.quant.awq_gptq import quantize_int4_zero_point, write_awq_linear
 
 logger = logging.getLogger(__name__)
 
-METHODS = ("int8", "int4", "awq")
-FORMATS = ("awq", "compressed-tensors")
 _PROJ = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 ALPHAS = [i / 20 for i in range(21)]
 
@@ -144,21 +130,3 @@ def best_scale(x: torch.Tensor, weights: list[torch.Tensor], group: int) -> torc
         if err < best_err:
             best, best_err = s, err
     return best
-
-
-def add_parser(sub) -> None:
-    from tokenmill.engine.arg_utils import add_model_args
-    p = sub.add_parser("quantize", help="write a weight-only checkpoint (int8 / int4 / AWQ) in AutoAWQ's or "
-                       "compressed-tensors' layout",
-                       description=__doc__, formatter_class=__import__("argparse").RawDescriptionHelpFormatter)
-    add_model_args(p)
-    p.add_argument("--method", choices=METHODS, default="awq", help="(default: %(default)s)")
-    p.add_argument("--group-size", type=int, choices=(32, 64, 128), default=128,
-                   help="inputs per scale; in_features must divide by it (default: %(default)s)")
-    p.add_argument("--calibration-tokens", type=int, default=512, help="awq: tokens of calibration text "
-                   "(default: %(default)s)")
-    p.add_argument("--format", choices=FORMATS, default=None, dest="fmt",
-                   help="checkpoint layout (default: compressed-tensors for int8, awq otherwise)")
-    p.add_argument("--out", required=True, help="output folder")
-    p.set_defaults(func=lambda a: print(quantize_model(a.model, a.out, a.method, a.group_size,
-                                                       a.calibration_tokens, a.fmt)) or 0)
