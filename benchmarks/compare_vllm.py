@@ -12,8 +12,9 @@ W1 is built by tokenmill.bench.offline.make_w1 (same seed, so the same prompts a
 engines). Both engines get the same token-id prompts, greedy sampling, ignore_eos and max_tokens per request.
 vLLM is driven by tokenmill/bench/peer_vllm.py run with the venv's python, kept alive between runs
 (commands over stdin), with tcmalloc and the venv's libiomp5 preloaded and its OpenMP threads bound to every
-core of this process (VLLM_CPU_OMP_THREADS_BIND), as vLLM's CPU docs advise. Engine start is timed
-separately for both and never counted in throughput.
+core of this process (VLLM_CPU_OMP_THREADS_BIND), as vLLM's CPU docs advise; this process re-executes
+itself with tcmalloc preloaded first, as `tokenmill` commands do (tokenmill/malloc.py; TOKENMILL_MALLOC=system
+runs ours on glibc's malloc). Engine start is timed separately for both and never counted in throughput.
 
 Order: ours, peer, ours, peer (--rounds 2), each engine's prefix cache reset before each run; the best run
 of each engine is compared (output tokens/s ratio ours/peer). While one engine runs the other is idle; the
@@ -68,14 +69,15 @@ def peer_env(venv: str, kvcache_gib: int, preload: bool) -> dict:
     env = dict(os.environ)
     env.setdefault("VLLM_CPU_OMP_THREADS_BIND", cpu_list(sorted(os.sched_getaffinity(0))))
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kvcache_gib))
-    env.pop("PYTHONPATH", None)  # nothing of tokenmill's environment leaks into vLLM's
+    for name in ("PYTHONPATH", "LD_PRELOAD", "TOKENMILL_MALLOC_REEXECUTED"):  # nothing of ours leaks into vLLM's
+        env.pop(name, None)
     if preload:
         libs = [p for p in TCMALLOC_CANDIDATES if os.path.exists(p)][:1]
         iomp = Path(venv) / "lib" / "libiomp5.so"
         if iomp.exists():
             libs.append(str(iomp))
         if libs:
-            env["LD_PRELOAD"] = ":".join(libs + ([env["LD_PRELOAD"]] if env.get("LD_PRELOAD") else []))
+            env["LD_PRELOAD"] = ":".join(libs)
     return env
 
 
@@ -372,4 +374,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    from tokenmill.malloc import reexec_with_tcmalloc
+    reexec_with_tcmalloc("bench")  # our engine runs in this process: on tcmalloc, as `tokenmill` commands are
     sys.exit(main())

@@ -1,5 +1,3 @@
-import sys
+from tokenmill.cli import console_main
 
-from tokenmill.cli import main
-
-sys.exit(main())
+console_main()

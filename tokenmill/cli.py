@@ -150,6 +150,14 @@ def _add_bench(sub) -> None:
     bench_serve.add_compare_parser(bench)
 
 
+def console_main() -> NoReturn:
+    """The `tokenmill` command: an engine command re-executes itself with tcmalloc first (malloc.py)."""
+    from tokenmill.malloc import reexec_with_tcmalloc
+    argv = sys.argv[1:]
+    reexec_with_tcmalloc(next((a for a in argv if not a.startswith("-")), None))
+    sys.exit(main(argv))
+
+
 def main(argv: list[str] | None = None) -> int:
     from tokenmill.sim.cli import normalize_argv
     args = build_parser().parse_args(normalize_argv(list(sys.argv[1:] if argv is None else argv)))

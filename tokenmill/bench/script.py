@@ -2,11 +2,17 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Callable
 
 
 def run_script(doc: str | None, add_arguments: Callable[[argparse.ArgumentParser], None],
                run: Callable[[argparse.Namespace], int], argv: list[str] | None = None) -> int:
+    main_spec = getattr(sys.modules["__main__"], "__spec__", None)
+    if argv is None and main_spec is not None and main_spec.name.startswith("tokenmill.bench."):
+        # `python -m tokenmill.bench.X`: on tcmalloc where installed, as `tokenmill bench X` is
+        from tokenmill.malloc import reexec_with_tcmalloc
+        reexec_with_tcmalloc("bench")
     p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(p)
     return run(p.parse_args(argv))
@@ -17,7 +23,6 @@ def write_record(path: str | None, **payload) -> None:
     if not path:
         return
     import json
-    import sys
     import time
 
     from tokenmill.bench.offline import machine

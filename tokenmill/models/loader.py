@@ -7,7 +7,6 @@ weights move into one huge-page arena (weight_arena.py)."""
 from __future__ import annotations
 
 import contextlib
-import ctypes
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,6 +15,7 @@ from torch import nn
 from safetensors import safe_open
 from tqdm import tqdm
 
+from tokenmill import malloc
 from tokenmill.models.base import CausalLM
 from tokenmill.models.model_config import ModelConfig
 from tokenmill.models.registry import get_model_class
@@ -73,17 +73,8 @@ def build_model(cfg: ModelConfig, folder: str | Path, dtype: torch.dtype, max_po
     if hasattr(quant, "process_model"):
         quant.process_model(model)
     gather_weights(model)  # one huge-page arena: a decode step's weight stream misses the TLB 512x less
-    _release_freed_memory()
+    malloc.release_free_memory()  # the float copies of repacked or quantized weights
     return model
-
-
-def _release_freed_memory() -> None:
-    """Give the heap freed while loading (float copies of repacked or quantized weights) back to the
-    OS, so the resident size is the model's (glibc keeps freed chunks otherwise)."""
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc
-        pass
 
 
 def _check_all_loaded(model: CausalLM, loaded: set[str]) -> None:

@@ -1,6 +1,10 @@
-"""python -m tokenmill.server [MODEL] [flags]: same as `tokenmill serve`."""
+"""python -m tokenmill.server [MODEL] [flags]: same as `tokenmill serve` (tcmalloc preloaded the same way)."""
 import sys
 
-from tokenmill.server.launch import main
+from tokenmill.malloc import reexec_with_tcmalloc
+
+reexec_with_tcmalloc("serve")
+
+from tokenmill.server.launch import main  # noqa: E402
 
 sys.exit(main())

@@ -14,7 +14,11 @@ import argparse
 import sys
 import threading
 
-import uvicorn
+if __name__ == "__main__":  # before the web stack loads: a re-executed process would load it twice
+    from tokenmill.malloc import reexec_with_tcmalloc
+    reexec_with_tcmalloc("serve-multi")
+
+import uvicorn  # noqa: E402
 
 from tokenmill import logger as tm_logger
 from tokenmill.server import cli_args

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from tokenmill import host_memory
+from tokenmill import host_memory, malloc
 from tokenmill.attention import BatchLayout, enable_batch_invariance, get_attention_backend
 from tokenmill.config import TokenmillConfig
 from tokenmill.core.errors import RequestStepError
@@ -84,6 +84,7 @@ class ModelRunner:
         self.threads = ThreadController(device.num_threads, device.adaptive_threads)
         logger.info("model threads: %d (%s%s)", device.num_threads, device.threads_reason,
                     "; fewer while other processes keep these cores busy" if device.adaptive_threads else "")
+        logger.info(malloc.describe())
         torch.manual_seed(device.seed)
         if device.batch_invariant:  # before the model is built: its linear methods read it
             enable_batch_invariance(device.attention_backend, model.dtype)
