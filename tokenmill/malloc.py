@@ -89,12 +89,9 @@ def reexec_with_tcmalloc(command: str | None) -> None:
 
 
 def _invocation() -> list[str]:
-    """This process's command line after the interpreter: `-m MODULE ARGS` or `SCRIPT ARGS`."""
-    spec = getattr(sys.modules["__main__"], "__spec__", None)
-    if spec is not None and spec.name:
-        name = spec.name.removesuffix(".__main__")
-        return ["-m", name, *sys.argv[1:]]
-    return sys.argv
+    """This process's command line after the interpreter, its own options included (`-X ...`, then
+    `-m MODULE ARGS` or `SCRIPT ARGS`)."""
+    return sys.orig_argv[1:]
 
 
 def active() -> str:
