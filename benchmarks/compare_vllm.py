@@ -43,8 +43,6 @@ from tokenmill.cpu import isa_flags
 
 PEER_SCRIPT = REPO / "tokenmill" / "bench" / "peer_vllm.py"
 PREFIX = "PEER_VLLM_JSON "
-TCMALLOC_CANDIDATES = ("/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4", "/usr/lib/x86_64-linux-gnu/libtcmalloc.so.4",
-                       "/usr/lib64/libtcmalloc_minimal.so.4", "/usr/lib64/libtcmalloc.so.4")
 
 
 # ---------------------------------------------------------------- the peer (vLLM in its own venv)
@@ -72,7 +70,8 @@ def peer_env(venv: str, kvcache_gib: int, preload: bool) -> dict:
     for name in ("PYTHONPATH", "LD_PRELOAD", "TOKENMILL_MALLOC_REEXECUTED"):  # nothing of ours leaks into vLLM's
         env.pop(name, None)
     if preload:
-        libs = [p for p in TCMALLOC_CANDIDATES if os.path.exists(p)][:1]
+        from tokenmill.malloc import find_tcmalloc
+        libs = [lib] if (lib := find_tcmalloc()) else []
         iomp = Path(venv) / "lib" / "libiomp5.so"
         if iomp.exists():
             libs.append(str(iomp))

@@ -15,7 +15,7 @@ LIB = "/opt/lib/libtcmalloc_minimal.so.4"
 
 @pytest.mark.parametrize("command", sorted(malloc.ENGINE_COMMANDS))
 def test_engine_commands_reexecute_with_tcmalloc_first_in_the_preload(command):
-    env = malloc.reexec_env(command, {"LD_PRELOAD": "/x/libiomp5.so", "PATH": "/bin"}, LIB)
+    env = malloc.reexec_env(command, {"LD_PRELOAD": "/x/libiomp5.so", "PATH": "/bin"}, lambda: LIB)
     assert env == {"LD_PRELOAD": f"{LIB}:/x/libiomp5.so", "PATH": "/bin", "TOKENMILL_MALLOC_REEXECUTED": "1"}
 
 
@@ -28,15 +28,23 @@ def test_engine_commands_reexecute_with_tcmalloc_first_in_the_preload(command):
     ("serve", {}, None),                                       # not installed: run on
 ])
 def test_no_reexecution(command, env, library):
-    assert malloc.reexec_env(command, env, library) is None
+    assert malloc.reexec_env(command, env, lambda: library) is None
+
+
+def test_the_library_is_looked_for_only_when_it_decides():
+    def never() -> str:
+        raise AssertionError("looked for tcmalloc")
+    for command, env in (("fleet", {}), ("serve", {"TOKENMILL_MALLOC": "system"}),
+                         ("serve", {"LD_PRELOAD": "/usr/lib/libtcmalloc.so.4"})):
+        assert malloc.reexec_env(command, env, never) is None
 
 
 def test_required_tcmalloc_that_is_missing_and_a_bad_value_are_errors():
     with pytest.raises(ValueError, match="TOKENMILL_MALLOC=tcmalloc but no tcmalloc library was found"):
-        malloc.reexec_env("serve", {"TOKENMILL_MALLOC": "tcmalloc"}, None)
+        malloc.reexec_env("serve", {"TOKENMILL_MALLOC": "tcmalloc"}, lambda: None)
     with pytest.raises(ValueError, match="TOKENMILL_MALLOC must be one of auto, tcmalloc, system; got 'fast'"):
-        malloc.reexec_env("serve", {"TOKENMILL_MALLOC": "fast"}, LIB)
-    assert malloc.reexec_env("fleet", {"TOKENMILL_MALLOC": "fast"}, LIB) is None  # only engine commands read it
+        malloc.reexec_env("serve", {"TOKENMILL_MALLOC": "fast"}, lambda: LIB)
+    assert malloc.reexec_env("fleet", {"TOKENMILL_MALLOC": "fast"}, lambda: LIB) is None  # only engine commands read it
 
 
 def _generate(tiny_llama, **env):

@@ -18,6 +18,7 @@ import ctypes
 import ctypes.util
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 ENV = "TOKENMILL_MALLOC"
@@ -53,13 +54,16 @@ def preloaded(env: dict[str, str]) -> bool:
     return "tcmalloc" in env.get("LD_PRELOAD", "")
 
 
-def reexec_env(command: str | None, env: dict[str, str], library: str | None) -> dict[str, str] | None:
-    """The environment to re-execute `tokenmill COMMAND` in, or None to run on as it is."""
+def reexec_env(command: str | None, env: dict[str, str],
+               find: Callable[[], str | None] = find_tcmalloc) -> dict[str, str] | None:
+    """The environment to re-execute `tokenmill COMMAND` in, or None to run on as it is (`find` is
+    called only when the answer depends on it: its ldconfig fallback costs a subprocess)."""
     if command not in ENGINE_COMMANDS:
         return None
     wanted = choice(env)
     if wanted == "system" or preloaded(env) or env.get(_REEXECUTED):
         return None
+    library = find()
     if library is None:
         if wanted == "tcmalloc":
             raise ValueError(f"{ENV}=tcmalloc but no tcmalloc library was found (install libtcmalloc-minimal4, or "
@@ -74,24 +78,17 @@ def reexec_with_tcmalloc(command: str | None) -> None:
     tokenmill.server`, benchmark scripts): replaces this process by the same invocation with tcmalloc
     preloaded when reexec_env says so; returns otherwise. A bad TOKENMILL_MALLOC ends the process with
     a one-line error."""
-    env = dict(os.environ)
-    if command not in ENGINE_COMMANDS or preloaded(env):
-        return
     try:
-        new_env = reexec_env(command, env, find_tcmalloc() if choice(env) != "system" else None)
+        new_env = reexec_env(command, dict(os.environ))
     except ValueError as e:
         print(f"tokenmill: error: {e}", file=sys.stderr)
         sys.exit(2)
     if new_env is not None:
         sys.stdout.flush()
         sys.stderr.flush()
-        os.execve(sys.executable, [sys.executable, *_invocation()], new_env)
-
-
-def _invocation() -> list[str]:
-    """This process's command line after the interpreter, its own options included (`-X ...`, then
-    `-m MODULE ARGS` or `SCRIPT ARGS`)."""
-    return sys.orig_argv[1:]
+        # the same command line, the interpreter's own options included (`-X ...`, then `-m MODULE
+        # ARGS` or `SCRIPT ARGS`)
+        os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], new_env)
 
 
 def active() -> str:
