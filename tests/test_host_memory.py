@@ -3,12 +3,19 @@ buffers are zero, 2 MiB aligned and advised where the kernel has THP; gathering 
 keeps every value, tie and Parameter, and the model computes exactly what it computed before."""
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 from torch import nn
 
 from tokenmill import host_memory
 from tokenmill.host_memory import HUGE_PAGE, HUGE_PAGES_ENV, advise_huge, lazy_zeros, thp_mode
+from tokenmill.malloc import find_tcmalloc
 from tokenmill.models.weight_arena import _holders, gather_weights
 
 
@@ -38,6 +45,45 @@ def test_lazy_zeros_is_zero_aligned_and_advised_where_the_kernel_allows():
         assert _vma_flags(buf.data_ptr()).get("THPeligible") == "1"
     buf.fill_(7)  # writable, every page
     assert int(buf[HUGE_PAGE + 1]) == 7
+
+
+_LAZY_AND_HUGE = """
+import json, sys
+from tokenmill.malloc import find_tcmalloc
+from tokenmill.host_memory import HUGE_PAGE, lazy_zeros
+sys.path.insert(0, {tests!r})
+from test_host_memory import _vma_flags, _thp_fallbacks
+fallbacks = _thp_fallbacks()
+buf = lazy_zeros(4 * HUGE_PAGE + 1)
+before = _vma_flags(buf.data_ptr())["Rss"]
+buf.fill_(1)
+after = _vma_flags(buf.data_ptr())
+print(json.dumps({{"rss_before": before, "huge_after": after["AnonHugePages"],
+                  "fallbacks": _thp_fallbacks() - fallbacks}}))
+"""
+
+
+def _thp_fallbacks() -> int:
+    with open("/proc/vmstat") as f:
+        return sum(int(v) for k, v in (line.split() for line in f) if k == "thp_fault_fallback")
+
+
+@pytest.mark.parametrize("allocator", ["system", "tcmalloc"])
+def test_lazy_zeros_maps_nothing_until_written_then_huge_pages_on_either_allocator(allocator):
+    """tcmalloc's calloc memsets what it returns: buffers taken from it were mapped at once, in 4 KiB
+    pages, before the advice (every engine process ran so, its weights and KV cache never huge)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "TOKENMILL_HUGE_PAGES")}
+    if allocator == "tcmalloc":
+        if find_tcmalloc() is None:
+            pytest.skip("no tcmalloc library on this machine")
+        env["LD_PRELOAD"] = find_tcmalloc()
+    code = _LAZY_AND_HUGE.format(tests=str(Path(__file__).parent))
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = json.loads(out.stdout.splitlines()[-1])
+    assert got["rss_before"] == "0 kB", got  # nothing mapped before the first write
+    if thp_mode() in ("always", "madvise") and got["fallbacks"] == 0:  # the kernel had huge pages to give
+        assert int(got["huge_after"].split()[0]) >= 4 * HUGE_PAGE // 1024, got
 
 
 def test_the_environment_switch_turns_the_advice_off(monkeypatch):

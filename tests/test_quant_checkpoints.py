@@ -16,8 +16,8 @@ from safetensors.torch import load_file, save_file
 from tokenmill import LLM
 from tokenmill.kernels import cpu_ops
 from tokenmill.models.linear import Linear
-from tokenmill.quant.awq_gptq import AWQ_ORDER, quantize_int4_zero_point, read_awq_linear, read_gptq_linear, \
-    write_awq_linear
+from tokenmill.quant.awq_gptq import AWQ_ORDER, fake_quantize_int4_zero_point, quantize_int4_zero_point, \
+    read_awq_linear, read_gptq_linear, write_awq_linear
 from tokenmill.quant.quantize import best_scale, quantize_model
 
 needs_kernels = pytest.mark.skipif(not cpu_ops.load(), reason="C++ CPU kernels unavailable")
@@ -67,6 +67,18 @@ def test_gptq_act_order_reads_through_a_permutation():
     w_true = ((codes.float() - zeros.float()[g_idx.long()]) * scales.float()[g_idx.long()]).T  # [out, in]
     x = torch.randn(3, n_in, generator=gen)
     torch.testing.assert_close(x[:, p] @ blocks.dequantize().T, x @ w_true.T, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("group", [32, 64, 128])
+def test_fake_quantize_is_quantize_then_dequantize_bit_for_bit(group):
+    """The AWQ search's shortcut gives exactly the weights the written checkpoint will hold."""
+    gen = torch.Generator().manual_seed(group)
+    w = torch.randn(24, 256, generator=gen) * torch.logspace(-2, 1, 256)
+    w[3] = 0  # an all-zero row: scale clamps at fp16's smallest subnormal, not 0 (NaN zero points)
+    w[5, :group] = w[5, :group].abs()  # a group without negatives: zero point 0
+    fake = fake_quantize_int4_zero_point(w, group)
+    assert torch.equal(fake, quantize_int4_zero_point(w, group).dequantize())
+    assert not fake.isnan().any() and torch.equal(fake[3], w[3])  # zeros stay zeros (they were NaN)
 
 
 def test_awq_search_never_loses_to_round_to_nearest():

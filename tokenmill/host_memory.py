@@ -8,8 +8,9 @@ tokenmill.bench.host_pages`; docs/BENCHMARKS.md, "Huge pages for the weights").
 
 How: most Linux servers set THP to `madvise` (only regions that ask get huge pages), and tensors
 come from malloc, whose regions are not 2 MiB aligned and hold one tensor each (a 1 MiB weight can
-never sit in a huge page). So we allocate one zero-filled region, lazily mapped (calloc), cut a 2 MiB
-aligned span out of it and `madvise(MADV_HUGEPAGE)` it before anything touches it; the weight arena
+never sit in a huge page). So we map one zero-filled region of our own (anonymous mmap, pages mapped
+on first write), cut a 2 MiB aligned span out of it and `madvise(MADV_HUGEPAGE)` it before anything
+touches it; the weight arena
 (models/weight_arena.py) and the KV cache (attention/kv_cache.py) are carved from such spans.
 
 Where THP is `never`, on a kernel without it, or off Linux, the advice fails quietly and the memory
@@ -20,15 +21,14 @@ at the same step: `prefault` maps a cache before it serves (`tokenmill serve`).
 """
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import functools
+import mmap
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 HUGE_PAGE = 2 << 20
@@ -85,30 +85,25 @@ def advise_huge(address: int, nbytes: int) -> bool:
 def lazy_zeros(nbytes: int, huge: bool = True) -> torch.Tensor:
     """A uint8 tensor of nbytes zeros whose pages the kernel maps on first write (so a multi-GiB
     buffer costs nothing until used). With `huge`, it starts on a 2 MiB boundary and its whole 2 MiB
-    pages are advised huge before any is touched; without, it is never advised (NumPy advises every
-    allocation over 4 MiB on its own: that is turned off around this one)."""
-    if not huge or not huge_pages_wanted():
-        with _numpy_advice(False):
-            return torch.from_numpy(np.zeros(nbytes, dtype=np.uint8))
-    raw = torch.from_numpy(np.zeros(nbytes + HUGE_PAGE, dtype=np.uint8))
-    offset = -raw.data_ptr() % HUGE_PAGE
+    pages are advised huge before any is touched; without, it is never advised.
+
+    The memory is an anonymous mapping of its own, not an allocator's: tcmalloc's calloc (our
+    engines run on tcmalloc, tokenmill/malloc.py) memsets what it hands out, which maps every page
+    as 4 KiB before any advice could apply and costs the whole size at once; glibc's and NumPy's
+    give no 2 MiB alignment. The mapping is unmapped when the last tensor on it goes."""
+    if nbytes <= 0:
+        return torch.zeros(0, dtype=torch.uint8)
+    advise = huge and huge_pages_wanted()
+    pad = HUGE_PAGE if advise else 0
+    # private: Python's default for anonymous maps is MAP_SHARED (shmem, which gets no THP and which a
+    # forked child would write through to)
+    region = mmap.mmap(-1, nbytes + pad, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    raw = torch.frombuffer(region, dtype=torch.uint8)  # the tensor keeps the mapping alive
+    offset = -raw.data_ptr() % HUGE_PAGE if advise else 0
     buf = raw[offset:offset + nbytes]
-    advise_huge(buf.data_ptr(), nbytes)
+    if advise:
+        advise_huge(buf.data_ptr(), nbytes)
     return buf
-
-
-@contextlib.contextmanager
-def _numpy_advice(enabled: bool):
-    core = getattr(np, "_core", None) or np.core  # NumPy 2 / 1
-    setter = getattr(core.multiarray, "_set_madvise_hugepage", None)
-    if setter is None:
-        yield
-        return
-    previous = setter(enabled)
-    try:
-        yield
-    finally:
-        setter(previous)
 
 
 def populate(address: int, nbytes: int) -> bool:

@@ -87,15 +87,32 @@ def read_gptq_linear(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.
     return _blocks(codes.T, zeros.clamp(0, 15), scales, group), perm
 
 
-def quantize_int4_zero_point(w: torch.Tensor, group: int) -> BlockQuantized:
-    """AWQ's / GPTQ's asymmetric round to nearest per group: scale = (max - min) / 15, an integer
-    zero point z = round(-min / scale) in 0..15, code = clamp(round(w / scale) + z, 0, 15)."""
+def _int4_zero_point_grid(w: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """w [n, k] -> (groups [n, k/g, g] float32, scale [n, k/g], zero [n, k/g]) by AWQ's rule."""
     n, k = w.shape
     if k % group or group % BLOCK:
         raise ValueError(f"in_features {k} must be divisible by group_size {group} (a multiple of {BLOCK})")
     g = w.float().reshape(n, k // group, group)
-    lo, hi = g.amin(-1).clamp(max=0), g.amax(-1).clamp(min=0)  # the range holds 0, so z is in 0..15
-    scale = ((hi - lo) / 15).clamp(min=1e-8).half().float()
-    zero = torch.round(-lo / scale).clamp(0, 15)
+    lo, hi = torch.aminmax(g, dim=-1)
+    lo, hi = lo.clamp(max=0), hi.clamp(min=0)  # the range holds 0, so z is in 0..15
+    # the checkpoint stores fp16 scales: clamp at fp16's smallest subnormal, or an all-zero group's
+    # scale would round to 0 there and its zero point come out NaN
+    scale = ((hi - lo) / 15).clamp(min=2.0 ** -24).half().float()
+    return g, scale, torch.round(-lo / scale).clamp(0, 15)
+
+
+def quantize_int4_zero_point(w: torch.Tensor, group: int) -> BlockQuantized:
+    """AWQ's / GPTQ's asymmetric round to nearest per group: scale = (max - min) / 15, an integer
+    zero point z = round(-min / scale) in 0..15, code = clamp(round(w / scale) + z, 0, 15)."""
+    g, scale, zero = _int4_zero_point_grid(w, group)
     codes = (torch.round(g / scale[..., None]) + zero[..., None]).clamp(0, 15).to(torch.uint8)
-    return _blocks(codes.reshape(n, k), zero.T, scale.T, group)
+    return _blocks(codes.reshape(w.shape), zero.T, scale.T, group)
+
+
+def fake_quantize_int4_zero_point(w: torch.Tensor, group: int) -> torch.Tensor:
+    """quantize_int4_zero_point(w, group).dequantize(), bit for bit (code * d + m with m = -z * d),
+    without the uint8 codes and per-block records: the AWQ scale search calls it 21 times a layer."""
+    g, scale, zero = _int4_zero_point_grid(w, group)
+    scale, zero = scale[..., None], zero[..., None]
+    q = torch.round(g / scale).add_(zero).clamp_(0, 15)
+    return q.mul_(scale).add_(-zero * scale).reshape(w.shape)

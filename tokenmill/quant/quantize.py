@@ -13,7 +13,7 @@ from safetensors.torch import save_file
 
 from tokenmill.cli_quantize import FORMATS, METHODS
 from tokenmill.quant import compressed_tensors as ct
-from tokenmill.quant.awq_gptq import quantize_int4_zero_point, write_awq_linear
+from tokenmill.quant.awq_gptq import fake_quantize_int4_zero_point, quantize_int4_zero_point, write_awq_linear
 
 logger = logging.getLogger(__name__)
 
@@ -125,8 +125,8 @@ def best_scale(x: torch.Tensor, weights: list[torch.Tensor], group: int) -> torc
     for alpha in ALPHAS:
         s = mean_abs.pow(alpha)
         s = s / (s.max() * s.min()).sqrt()
-        q = quantize_int4_zero_point(w * s, group).dequantize()
-        err = ((x / s) @ q.T - ref).pow(2).mean().item()
+        q = fake_quantize_int4_zero_point(w * s, group)
+        err = torch.mm(x / s, q.T).sub_(ref).square_().mean().item()
         if err < best_err:
             best, best_err = s, err
     return best
