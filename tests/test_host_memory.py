@@ -94,6 +94,24 @@ def test_the_environment_switch_turns_the_advice_off(monkeypatch):
     assert "off" in host_memory.describe()
 
 
+@pytest.mark.parametrize("value,weights,kv", [(None, True, False), ("1", True, False), ("all", True, True),
+                                               ("0", False, False)])
+def test_the_kv_cache_is_advised_huge_only_with_all(monkeypatch, value, weights, kv):
+    from tokenmill.attention.kv_cache import zeros
+    if value is None:
+        monkeypatch.delenv(HUGE_PAGES_ENV, raising=False)
+    else:
+        monkeypatch.setenv(HUGE_PAGES_ENV, value)
+    assert (host_memory.huge_pages_wanted(), host_memory.kv_huge_pages_wanted()) == (weights, kv)
+    cache = zeros((2 * HUGE_PAGE // 4,), torch.float32)
+    arena = lazy_zeros(2 * HUGE_PAGE)
+    if thp_mode() == "madvise":  # under "always" every mapping is eligible anyway
+        assert _vma_flags(cache.data_ptr())["THPeligible"] == str(int(kv))
+        assert _vma_flags(arena.data_ptr())["THPeligible"] == str(int(weights))
+    line = host_memory.describe()
+    assert ("KV cache in 4 KiB pages" in line) == (weights and not kv and thp_mode() in ("always", "madvise"))
+
+
 def test_advice_needs_a_whole_huge_page():
     buf = lazy_zeros(4 * HUGE_PAGE)
     assert not advise_huge(buf.data_ptr() + 4096, HUGE_PAGE)  # no whole 2 MiB page inside

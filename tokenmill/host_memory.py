@@ -10,14 +10,22 @@ How: most Linux servers set THP to `madvise` (only regions that ask get huge pag
 come from malloc, whose regions are not 2 MiB aligned and hold one tensor each (a 1 MiB weight can
 never sit in a huge page). So we map one zero-filled region of our own (anonymous mmap, pages mapped
 on first write), cut a 2 MiB aligned span out of it and `madvise(MADV_HUGEPAGE)` it before anything
-touches it; the weight arena
-(models/weight_arena.py) and the KV cache (attention/kv_cache.py) are carved from such spans.
+touches it; the weight arena (models/weight_arena.py) is carved from such a span.
+
+The KV cache (attention/kv_cache.py) takes such regions too but, by default, without the advice:
+what a fresh huge page costs to map depends on the host. On machine B and on machine C one day it
+was ~2 ms; on machine C the next day 20-40 ms (the hypervisor backing guest memory anew), so a
+2.3 GiB cache took 20.5 s to map at `serve` start (0.7 s in 4 KiB pages) and an offline W1-48 run,
+writing fresh cache pages as it goes, lost 15-20% of its throughput. The cache is written once per
+page and read in 16-token blocks of KBs, where huge pages gained ~2% on machine B; the weights are
+mapped once, at load, and streamed whole every step. `TOKENMILL_HUGE_PAGES=all` advises the cache
+too, `0` nothing (for A/B measurements).
 
 Where THP is `never`, on a kernel without it, or off Linux, the advice fails quietly and the memory
-is ordinary. `TOKENMILL_HUGE_PAGES=0` turns the advice off (for A/B measurements).
+is ordinary.
 
-A first write to a huge page is costly (~2 ms in a VM), and every K/V tensor crosses into a new one
-at the same step: `prefault` maps a cache before it serves (`tokenmill serve`).
+A first write to a page costs a fault, and every K/V tensor crosses into a new page at the same
+step: `prefault` maps a cache before it serves (`tokenmill serve`).
 """
 from __future__ import annotations
 
@@ -35,12 +43,18 @@ HUGE_PAGE = 2 << 20
 MADV_HUGEPAGE = 14
 MADV_POPULATE_WRITE = 23  # Linux 5.14+: map pages writable without writing them
 PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
-HUGE_PAGES_ENV = "TOKENMILL_HUGE_PAGES"  # "0": never advise (A/B measurements)
+HUGE_PAGES_ENV = "TOKENMILL_HUGE_PAGES"  # "0": never advise; "1" (default): the weights; "all": weights and KV cache
 _THP_ENABLED = "/sys/kernel/mm/transparent_hugepage/enabled"
 
 
 def huge_pages_wanted() -> bool:
     return os.environ.get(HUGE_PAGES_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def kv_huge_pages_wanted() -> bool:
+    """Whether the KV cache is advised huge too: only with TOKENMILL_HUGE_PAGES=all (see the module
+    docstring: a fresh huge page can cost 20-40 ms to map on a VM, and a cache fills with them)."""
+    return os.environ.get(HUGE_PAGES_ENV, "1").strip().lower() == "all"
 
 
 @functools.lru_cache(maxsize=1)
@@ -126,8 +140,9 @@ class PrefaultResult:
 def prefault(tensors: list[torch.Tensor], threads: int = 1, chunk_bytes: int = 32 << 20) -> PrefaultResult:
     """Map lazily allocated tensors (a KV cache) now, so requests never pay the first write to a
     page: on machine B a fresh 2 MiB page cost ~2 ms, and the 60 K/V tensors of a model cross into
-    new pages at the same step, which stalled that step by 0.3-0.7 s (docs/BENCHMARKS.md, "Huge
-    pages"). Done before serving: mapped from a background thread while requests ran, the first
+    new pages at the same step, which stalled that step by 0.3-0.7 s when the cache was in huge pages
+    (docs/BENCHMARKS.md, "Huge pages"). In 4 KiB pages (the default) each fault is cheaper, but there
+    are 512 times as many. Done before serving: mapped from a background thread while requests ran, the first
     requests waited 0.5-1.8 s on it. Chunks in block order across tensors, over `threads` threads
     (the madvise calls release the GIL)."""
     spans = [(t.data_ptr(), t.numel() * t.element_size()) for t in tensors]
@@ -162,6 +177,8 @@ def describe() -> str:
     mode = thp_mode()
     if mode not in ("always", "madvise"):
         return f"huge pages unavailable (transparent_hugepage: {mode})"
+    scope = "weights and KV cache" if kv_huge_pages_wanted() else \
+        f"weights; KV cache in 4 KiB pages ({HUGE_PAGES_ENV}=all for both)"
     have = anon_huge_bytes()
-    return f"huge pages advised (transparent_hugepage: {mode}; {have / 2**20:.0f} MiB mapped huge now)" \
-        if have >= 0 else f"huge pages advised (transparent_hugepage: {mode})"
+    mapped = f"; {have / 2**20:.0f} MiB mapped huge now" if have >= 0 else ""
+    return f"huge pages advised for the {scope} (transparent_hugepage: {mode}{mapped})"

@@ -33,7 +33,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
-from tokenmill.host_memory import lazy_zeros
+from tokenmill.host_memory import kv_huge_pages_wanted, lazy_zeros
 
 KV_QUANT_DTYPES = {"int8": torch.int8, "fp8": torch.float8_e4m3fn}
 _QMAX = {torch.int8: 127.0, torch.float8_e4m3fn: float(torch.finfo(torch.float8_e4m3fn).max)}  # 448
@@ -93,12 +93,12 @@ class QuantizedKVCacheSpec(KVCacheSpec):
 
 
 def zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-    """A zero tensor whose pages are mapped lazily (calloc): allocating a multi-GiB KV cache costs
-    nothing at start-up; each page is zeroed by the kernel when first written. torch.zeros would
-    memset the whole budget up front (about 4 s for 2.3 GiB here). In huge pages where the kernel
-    allows (host_memory.py; NumPy's calloc advised them before, unaligned)."""
+    """A zero tensor whose pages are mapped lazily (an anonymous mapping): allocating a multi-GiB KV
+    cache costs nothing at start-up; each page is zeroed by the kernel when first written. torch.zeros
+    would memset the whole budget up front (about 4 s for 2.3 GiB here). In 4 KiB pages unless
+    TOKENMILL_HUGE_PAGES=all (host_memory.py says why)."""
     nbytes = math.prod(shape) * _elem(dtype)
-    return lazy_zeros(nbytes).view(dtype).view(shape)
+    return lazy_zeros(nbytes, huge=kv_huge_pages_wanted()).view(dtype).view(shape)
 
 
 def resident_bytes(tensors) -> int:

@@ -134,7 +134,7 @@ class ModelRunner:
         logger.info("KV cache (%s): %d blocks x %d tokens = %d tokens, %.0f bytes/token, %.2f GiB",
                     cache.kv_cache_dtype, cache.num_blocks, cache.block_size, cache.capacity_tokens,
                     cache.bytes_per_token, cache.capacity_tokens * cache.bytes_per_token / (1 << 30))
-        logger.info("weights and KV cache: %s", host_memory.describe())
+        logger.info("host memory: %s", host_memory.describe())
 
     # -- sleep mode (vLLM's level 1: weights stay in host memory, the KV cache is released) ------
     def release_kv_cache(self) -> None:
