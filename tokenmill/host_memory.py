@@ -177,8 +177,9 @@ def describe() -> str:
     mode = thp_mode()
     if mode not in ("always", "madvise"):
         return f"huge pages unavailable (transparent_hugepage: {mode})"
-    scope = "weights and KV cache" if kv_huge_pages_wanted() else \
-        f"weights; KV cache in 4 KiB pages ({HUGE_PAGES_ENV}=all for both)"
     have = anon_huge_bytes()
     mapped = f"; {have / 2**20:.0f} MiB mapped huge now" if have >= 0 else ""
-    return f"huge pages advised for the {scope} (transparent_hugepage: {mode}{mapped})"
+    if kv_huge_pages_wanted():
+        return f"huge pages advised for the weights and KV cache (transparent_hugepage: {mode}{mapped})"
+    return (f"huge pages advised for the weights (transparent_hugepage: {mode}{mapped}); "
+            f"KV cache in 4 KiB pages ({HUGE_PAGES_ENV}=all for both)")
