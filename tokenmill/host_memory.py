@@ -17,7 +17,7 @@ what a fresh huge page costs to map depends on the host. On machine B and on mac
 was ~2 ms; on machine C the next day 20-40 ms (the hypervisor backing guest memory anew), so a
 2.3 GiB cache took 20.5 s to map at `serve` start (0.7 s in 4 KiB pages) and an offline W1-48 run,
 writing fresh cache pages as it goes, lost 15-20% of its throughput. The cache is written once per
-page and read in 16-token blocks of KBs, where huge pages gained ~2% on machine B; the weights are
+page and read in blocks of tens of KiB, where huge pages gained ~2% on machine B; the weights are
 mapped once, at load, and streamed whole every step. `TOKENMILL_HUGE_PAGES=all` advises the cache
 too, `0` nothing (for A/B measurements).
 
@@ -141,9 +141,9 @@ def prefault(tensors: list[torch.Tensor], threads: int = 1, chunk_bytes: int = 3
     """Map lazily allocated tensors (a KV cache) now, so requests never pay the first write to a
     page: on machine B a fresh 2 MiB page cost ~2 ms, and the 60 K/V tensors of a model cross into
     new pages at the same step, which stalled that step by 0.3-0.7 s when the cache was in huge pages
-    (docs/BENCHMARKS.md, "Huge pages"). In 4 KiB pages (the default) each fault is cheaper, but there
-    are 512 times as many. Done before serving: mapped from a background thread while requests ran, the first
-    requests waited 0.5-1.8 s on it. Chunks in block order across tensors, over `threads` threads
+    (docs/BENCHMARKS.md, "Huge pages"). In 4 KiB pages (the default) each fault is cheaper, but
+    there are 512 times as many. Done before serving: mapped from a background thread while requests
+    ran, the first requests waited 0.5-1.8 s on it. Chunks in block order across tensors, over `threads` threads
     (the madvise calls release the GIL)."""
     spans = [(t.data_ptr(), t.numel() * t.element_size()) for t in tensors]
     longest = max((n for _, n in spans), default=0)
