@@ -47,14 +47,18 @@ HUGE_PAGES_ENV = "TOKENMILL_HUGE_PAGES"  # "0": never advise; "1" (default): the
 _THP_ENABLED = "/sys/kernel/mm/transparent_hugepage/enabled"
 
 
+def _setting() -> str:
+    return os.environ.get(HUGE_PAGES_ENV, "1").strip().lower()
+
+
 def huge_pages_wanted() -> bool:
-    return os.environ.get(HUGE_PAGES_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+    return _setting() not in ("0", "false", "no", "off")
 
 
 def kv_huge_pages_wanted() -> bool:
     """Whether the KV cache is advised huge too: only with TOKENMILL_HUGE_PAGES=all (see the module
     docstring: a fresh huge page can cost 20-40 ms to map on a VM, and a cache fills with them)."""
-    return os.environ.get(HUGE_PAGES_ENV, "1").strip().lower() == "all"
+    return _setting() == "all"
 
 
 @functools.lru_cache(maxsize=1)

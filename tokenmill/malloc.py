@@ -1,12 +1,12 @@
 """The memory allocator an engine process runs on (torch-free: read before anything heavy loads).
 
 Every op of a step allocates its output, and the large ones (a prefill chunk's MLP activations, the
-logits) are megabytes. On glibc's malloc a W1-48 run spent 25-30 s of its ~90 s in the kernel (blocks
-unmapped and mapped again); on tcmalloc, which keeps freed blocks and allocates faster, it ran 1.12x
-faster (median of alternated rounds, 0.98-1.37x each; docs/BENCHMARKS.md, "The memory allocator").
-vLLM's CPU backend asks its users to set `LD_PRELOAD` by hand; `tokenmill` commands that run an engine
-re-execute themselves once with tcmalloc preloaded where the machine has it (Debian/Ubuntu package
-libtcmalloc-minimal4; gperftools elsewhere).
+logits) are megabytes. vLLM's CPU backend asks its users to preload tcmalloc by hand, and every
+comparison runs vLLM so; `tokenmill` commands that run an engine re-execute themselves once with
+tcmalloc preloaded where the machine has it (Debian/Ubuntu package libtcmalloc-minimal4; gperftools
+elsewhere), so the two engines compare like for like. A speed gain of its own is not shown: W1-48
+ran 0.96x and 1.13x glibc's in two alternated rounds (docs/BENCHMARKS.md, "The memory allocator";
+the 1.12x first reported there was huge pages, which tcmalloc's calloc had silently disabled).
 
 TOKENMILL_MALLOC: `auto` (the default: tcmalloc where installed), `tcmalloc` (required: an error
 without it), `system` (the C library's malloc). A Python program using `LLM()` sets `LD_PRELOAD`
@@ -106,8 +106,8 @@ def describe() -> str:
         return "memory allocator: tcmalloc"
     library = find_tcmalloc()
     if library is None:
-        return "memory allocator: the C library's malloc (tcmalloc not installed: libtcmalloc-minimal4 is faster)"
-    return f"memory allocator: the C library's malloc (faster: LD_PRELOAD={library})"
+        return "memory allocator: the C library's malloc (tcmalloc, which vLLM runs on, is not installed)"
+    return f"memory allocator: the C library's malloc (for tcmalloc, as vLLM runs: LD_PRELOAD={library})"
 
 
 def release_free_memory() -> None:
