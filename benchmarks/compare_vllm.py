@@ -26,7 +26,7 @@ stopped (SIGSTOP) while ours runs and continued after (--no-pause-idle-peer: not
 Both engines map their KV cache before the timed runs: vLLM allocates its cache at engine start, and ours
 does so with --kv-cache-prefault (the default here, as for `tokenmill serve`; offline engines otherwise
 map cache pages on first write). A first write to guest memory the hypervisor has taken back cost
-65-75 us per 4 KiB page on machine C right after vLLM's start (2-3 us otherwise): 29 s of system time in
+69-75 us per 4 KiB page on machine C right after vLLM's start (2-3 us otherwise): 29 s of system time in
 our first W1-200 round when the cache was mapped during the run. The mapping is timed in our engine start.
 Without --peer-venv, or when vLLM is missing or fails to start, only tokenmill runs and the reason is printed.
 """
