@@ -19,14 +19,14 @@ runs ours on glibc's malloc). Engine start is timed separately for both and neve
 Order: ours, peer, ours, peer (--rounds 2), each engine's prefix cache reset before each run; the best run
 of each engine is compared (output tokens/s ratio ours/peer). While one engine runs the other is idle; the
 CPU time the idle one used meanwhile is recorded (idle_cpu_s) so that interference can be seen. An idle
-vLLM is not quiet (its ~160 threads used 2-5 s of CPU per 250 s run of ours and made the kernel switch our
+vLLM is not quiet (its processes used 4.7-6.0 s of CPU per 250 s run of ours and made the kernel switch our
 threads out 7-8x as often as with no vLLM alive: docs/BENCHMARKS.md), so by default its processes are
 stopped (SIGSTOP) while ours runs and continued after (--no-pause-idle-peer: not); ours, idle, uses no CPU.
 
 Both engines map their KV cache before the timed runs: vLLM allocates its cache at engine start, and ours
 does so with --kv-cache-prefault (the default here, as for `tokenmill serve`; offline engines otherwise
 map cache pages on first write). A first write to guest memory the hypervisor has taken back cost
-69-75 us per 4 KiB page on machine C right after vLLM's start (2-3 us otherwise): 29 s of system time in
+69-75 us per 4 KiB page on machine C right after vLLM's start (2.5-4.4 us otherwise): 29 s of system time in
 our first W1-200 round when the cache was mapped during the run. The mapping is timed in our engine start.
 Without --peer-venv, or when vLLM is missing or fails to start, only tokenmill runs and the reason is printed.
 """

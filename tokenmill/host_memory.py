@@ -26,7 +26,7 @@ is ordinary.
 
 A first write to a page costs a fault, and every K/V tensor crosses into a new page at the same
 step: `prefault` maps a cache before it serves (`tokenmill serve`). What a fault costs depends on the
-host too: on machine C a first write cost 2-3 us per 4 KiB page, but 69-75 us right after another
+host too: on machine C a first write cost 2.5-4.4 us per 4 KiB page, but 69-75 us right after another
 large process (vLLM) had started and freed its memory, which the hypervisor had taken back; an
 offline W1-200 run that mapped its cache as it filled spent 29 s in the kernel instead of 3 s.
 """
