@@ -19,6 +19,21 @@ from tokenmill.malloc import find_tcmalloc
 from tokenmill.models.weight_arena import _holders, gather_weights
 
 
+@pytest.fixture(autouse=True)
+def default_advice(monkeypatch):
+    """The module tests the default (the suite's conftest turns the advice off for everyone else)."""
+    monkeypatch.delenv(HUGE_PAGES_ENV, raising=False)
+
+
+@pytest.fixture(scope="module")
+def arena_llm(tiny_llama):
+    """A tiny engine built under the default advice (the session's `tiny_llm` was built without it)."""
+    from tokenmill import LLM
+    with pytest.MonkeyPatch.context() as mp:
+        mp.delenv(HUGE_PAGES_ENV, raising=False)
+        return LLM(str(tiny_llama), dtype="float32", kv_cache_memory_gb=0.02)
+
+
 def _vma_flags(address: int) -> dict[str, str]:
     """The /proc/self/smaps fields of the mapping that holds address."""
     fields: dict[str, str] = {}
@@ -179,10 +194,10 @@ def test_gather_keeps_values_ties_and_parameters():
     assert torch.equal(model(ids), before)
 
 
-def test_an_engine_holds_its_weights_in_one_arena(tiny_llm):
+def test_an_engine_holds_its_weights_in_one_arena(arena_llm):
     """build_model gathers: every large tensor of the loaded model lies in one 2 MiB-aligned span
     (correctness of the gathered model is what every reference test checks)."""
-    model = tiny_llm.llm_engine.runner.model
+    model = arena_llm.llm_engine.runner.model
     big = {t.data_ptr(): t.numel() * t.element_size() for _, _, _, t in _holders(model)
            if not t.is_meta and t.layout == torch.strided and t.numel() * t.element_size() >= 64 << 10}
     assert len(big) >= 3
@@ -191,22 +206,22 @@ def test_an_engine_holds_its_weights_in_one_arena(tiny_llm):
     assert hi - lo < sum(big.values()) + 64 * len(big)  # packed back to back
 
 
-def test_gathering_again_moves_the_arena_and_keeps_the_outputs(tiny_llm):
+def test_gathering_again_moves_the_arena_and_keeps_the_outputs(arena_llm):
     """The A/B of `python -m tokenmill.bench.host_pages`: re-gathered without the advice and back,
     the engine's weights move (the old arena is let go) and greedy tokens stay identical."""
     from tokenmill import SamplingParams
-    model = tiny_llm.llm_engine.runner.model
+    model = arena_llm.llm_engine.runner.model
     params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
     prompts = [{"prompt_token_ids": [11, 22, 33, 44]}, {"prompt_token_ids": [5, 6]}]
-    before = [o.outputs[0].token_ids for o in tiny_llm.generate(prompts, params, use_tqdm=False)]
+    before = [o.outputs[0].token_ids for o in arena_llm.generate(prompts, params, use_tqdm=False)]
     first = model.weight_arena
     plain = gather_weights(model, huge=False)
     assert plain.tensors == first.tensors and not plain.huge
     assert plain.buffer.data_ptr() != first.buffer.data_ptr()
-    assert [o.outputs[0].token_ids for o in tiny_llm.generate(prompts, params, use_tqdm=False)] == before
+    assert [o.outputs[0].token_ids for o in arena_llm.generate(prompts, params, use_tqdm=False)] == before
     again = gather_weights(model)
     assert again.tensors == first.tensors and model.weight_arena is again
-    assert [o.outputs[0].token_ids for o in tiny_llm.generate(prompts, params, use_tqdm=False)] == before
+    assert [o.outputs[0].token_ids for o in arena_llm.generate(prompts, params, use_tqdm=False)] == before
 
 
 def test_prefault_maps_every_page_and_changes_no_byte():

@@ -135,7 +135,7 @@ def test_awq_no_worse_than_rtn_on_the_default_model(tmp_path):
     from tokenmill.eval.kv_quality import chunked_scores
     ppl = {}
     for method in ("int4", "awq"):
-        out = quantize_model(None, tmp_path / method, method, group_size=64, calibration_tokens=256)
+        out = quantize_model(None, tmp_path / method, method, group_size=64, calibration_tokens=128)
         llm = LLM(str(out), dtype="float32", kv_cache_memory_gb=0.1)
         ids = llm.get_tokenizer().encode(read_text("alice_ch1_2.txt"))[:384]
         logp, _ = chunked_scores(llm.llm_engine, ids)
