@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from tokenmill.bench.workloads import BenchError, BenchRequest
+from tokenmill.sse_reader import sse_lines
 
 if TYPE_CHECKING:  # httpx loads when a request is sent: every `tokenmill` command imports this module
     import httpx
@@ -161,7 +162,7 @@ class _Stream:
 
 
 async def _consume(resp: httpx.Response, stream: _Stream) -> None:
-    async for line in resp.aiter_lines():
+    async for line in sse_lines(resp):
         data = sse_data(line)
         if not data:
             continue

@@ -52,6 +52,7 @@ import yaml
 from tokenmill.bench.script import run_script, write_record
 from tokenmill.disagg.launchers import wait_healthy
 from tokenmill.fleet.metrics import percentile
+from tokenmill.sse_reader import sse_lines
 
 INTERACTIVE = {"ttft_ms": 500, "tpot_ms": 50}
 KEYS = {"interactive": "KEY_I", "batch": "KEY_B"}
@@ -147,7 +148,7 @@ async def _one(client: httpx.AsyncClient, url: str, cls: str, model: str, prompt
                 await r.aread()
                 out.append(Result(cls, False, status=r.status_code))
                 return
-            async for line in r.aiter_lines():
+            async for line in sse_lines(r):
                 if not line.startswith("data: {"):
                     continue
                 event = json.loads(line[6:])

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from tokenmill.bench.reliability_common import GREEDY, PROMPTS, client, split_server_flags
 from tokenmill.bench.reliability_probe import ServerProcess
+from tokenmill.sse_reader import sse_lines
 
 
 async def measure(url: str, rate: float, window: float, pairs: int) -> dict:
@@ -48,7 +49,7 @@ async def measure(url: str, rate: float, window: float, pairs: int) -> dict:
         counts, t0 = [0] * (2 * pairs), None
         stream = {"prompt": PROMPTS[1], "max_tokens": 8000, "stream": True, **GREEDY}
         async with c.stream("POST", "/v1/completions", json=stream) as r:
-            async for line in r.aiter_lines():
+            async for line in sse_lines(r):
                 if not line.startswith("data: {"):
                     continue
                 now = time.monotonic()

@@ -45,6 +45,7 @@ import httpx
 from tokenmill.bench.reliability_common import GREEDY, PROMPTS, Row, client, finish, greedy_text, split_server_flags
 from tokenmill.bench.reliability_probe import ServerProcess, histogram_share_within, scrape
 from tokenmill.bench.reliability_soak import soak
+from tokenmill.sse_reader import sse_lines
 
 # -- storm ----------------------------------------------------------------------------------------
 async def storm(srv: ServerProcess, requests: int, concurrency: int, max_tokens: int, seed: int) -> Row:
@@ -80,7 +81,7 @@ async def storm(srv: ServerProcess, requests: int, concurrency: int, max_tokens:
                         row.wrong += 1
                         reasons[f"status {r.status_code}"] = reasons.get(f"status {r.status_code}", 0) + 1
                         return
-                    async for line in r.aiter_lines():
+                    async for line in sse_lines(r):
                         if not line.startswith("data: {"):
                             continue
                         chunk = json.loads(line[6:])

@@ -8,6 +8,7 @@ import time
 
 from tokenmill.bench.reliability_common import GREEDY, PROMPTS, Row, client, finish, greedy_text
 from tokenmill.bench.reliability_probe import ServerProcess, linear_slope, scrape
+from tokenmill.sse_reader import sse_lines
 
 
 async def soak(srv: ServerProcess, duration: float, sample_interval: float, concurrency: int,
@@ -34,7 +35,7 @@ async def soak(srv: ServerProcess, duration: float, sample_interval: float, conc
                     continue
                 elif kind in ("stream", "drop"):
                     async with c.stream("POST", "/v1/completions", json={**body, "stream": True}) as r:
-                        async for line in r.aiter_lines():
+                        async for line in sse_lines(r):
                             if kind == "drop" and line.startswith("data: {"):
                                 row.dropped += 1
                                 break

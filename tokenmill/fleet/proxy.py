@@ -21,6 +21,7 @@ from fastapi.responses import Response, StreamingResponse
 
 from tokenmill.fleet.router import Lease
 from tokenmill.fleet.runtime import Usage
+from tokenmill.sse_reader import sse_lines
 
 OnDone = Callable[[Usage, str, float], Awaitable[None]]
 FORWARDED_HEADERS = ("x-request-id",)
@@ -112,7 +113,7 @@ class _UpstreamError(Exception):
 
 async def _upstream_lines(resp: httpx.Response) -> AsyncIterator[str]:
     try:
-        async for line in resp.aiter_lines():
+        async for line in sse_lines(resp):
             yield line
     except httpx.HTTPError as e:
         raise _UpstreamError(str(e)) from e

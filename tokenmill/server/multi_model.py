@@ -244,7 +244,7 @@ def merge_expositions(texts: list[str]) -> str:
     families: dict[str, dict] = {}
     for text in texts:
         current = None
-        for line in text.splitlines():
+        for line in text.split("\n"):  # the format's line end (splitlines also cuts at U+2028 in a label)
             if not line.strip():
                 continue
             if line.startswith(("# HELP ", "# TYPE ")):

@@ -23,9 +23,16 @@ DONE = "[DONE]"
 AppStatus.disable_automatic_graceful_drain()
 
 
+# JSON leaves these unescaped, and clients that split lines as `str.splitlines` does (httpx's
+# `iter_lines`, so many hand-written ones) cut an event at them; escaped, they decode the same
+_LINE_BREAKERS = str.maketrans({"\u0085": "\\u0085", "\u2028": "\\u2028", "\u2029": "\\u2029"})
+
+
 def sse_json(obj: Any) -> str:
-    """The data of one event: compact JSON (no newlines, so it stays one `data:` line)."""
-    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+    """The data of one event: compact JSON on one line, for every line splitter (no newline, no
+    U+0085 / U+2028 / U+2029; tokenmill/sse_reader.py reads such streams)."""
+    text = json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+    return text.translate(_LINE_BREAKERS) if any(c in text for c in "\u0085\u2028\u2029") else text
 
 
 class EventStream(EventSourceResponse):
