@@ -196,6 +196,16 @@ def test_malformed_trace(tmp_path: Path, line: str, message: str) -> None:
         load_trace(path, WORD_BUILDER)
 
 
+def test_trace_text_may_hold_any_line_separator_but_newline(tmp_path: Path) -> None:
+    """A JSON Lines file ends lines at \\n only: U+2028, U+0085 and \\r\\n-ended lines are read whole."""
+    text = "first\u2028second\u0085third\u2029"
+    path = tmp_path / "u.jsonl"
+    path.write_text(json.dumps({"timestamp": 0, "text": text, "output_len": 2}, ensure_ascii=False) + "\r\n"
+                    + json.dumps({"timestamp": 1, "input_len": 2, "output_len": 1}) + "\r\n", encoding="utf-8")
+    reqs = load_trace(path, WORD_BUILDER)
+    assert [r.prompt for r in reqs][0] == text and len(reqs) == 2
+
+
 def test_empty_trace(tmp_path: Path) -> None:
     with pytest.raises(BenchError, match="no requests"):
         load_trace(write_lines(tmp_path / "e.jsonl", [""]), WORD_BUILDER)

@@ -366,7 +366,7 @@ def load_trace(path: Path, builder: PromptBuilder, seed: int = 0) -> list[BenchR
     rng = np.random.default_rng([seed, 2])
     reqs = []
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
+        lines = path.read_text(encoding="utf-8").split("\n")  # JSON Lines (splitlines also cuts at U+2028)
     except (OSError, UnicodeDecodeError) as e:
         raise BenchError(f"cannot read trace {path}: {e}") from None
     for lineno, line in enumerate(lines, 1):

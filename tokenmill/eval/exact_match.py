@@ -43,7 +43,7 @@ class ExactMatchResult:
 
 def load_items(path: str | Path = DATASET) -> list[Item]:
     items = []
-    for n, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
+    for n, line in enumerate(Path(path).read_text(encoding="utf-8").split("\n"), 1):  # JSON Lines (not splitlines)
         if line.strip():
             d = json.loads(line)
             try:
