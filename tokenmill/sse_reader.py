@@ -6,7 +6,8 @@ httpx's `aiter_lines` splits the way `str.splitlines` does, also at U+0085, U+20
 model can generate them (byte-level BPE decodes C2 85 to U+0085): a `data:` line carrying one was cut
 in two, the benchmark client failed the request on half a JSON object, and the fleet router passed
 the two halves on as two lines (a broken event for the client behind it). Our server now escapes the
-three, but the fleet also fronts replicas we did not write.
+three; readers do not rely on it (the benchmark client measures other servers too, such as vLLM's, and
+a fleet replica may run an older tokenmill).
 """
 from __future__ import annotations
 
