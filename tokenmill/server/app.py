@@ -101,7 +101,8 @@ def _lifespan(state: ServerState, engine_client: EngineSource, max_waiting_reque
                     return
                 _call_soon(loop, state.attach, engine)
 
-            threading.Thread(target=load, name="tokenmill-model-loader", daemon=True).start()
+            state.loader = threading.Thread(target=load, name="tokenmill-model-loader", daemon=True)
+            state.loader.start()
         try:
             yield
         finally:

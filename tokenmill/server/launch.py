@@ -118,7 +118,20 @@ def run_server(args: argparse.Namespace) -> int:
         return e.code if isinstance(e.code, int) else 1
     except KeyboardInterrupt:
         return 130
-    return 1 if state.load_error is not None else 0
+    return exit_now_if_loading(state, 1 if state.load_error is not None else 0)
+
+
+def exit_now_if_loading(state: ServerState, code: int) -> int:
+    """`code`, or, when the model is still loading, the end of the process with it at once: the loader
+    thread is inside torch's C++ code, and the interpreter's exit under it aborted the process
+    ("terminate called without an active exception", status 134)."""
+    if state.loader is not None and state.loader.is_alive():
+        logging.getLogger("tokenmill.server").info("stopped before the model finished loading")
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
 
 
 def drain_on_signal(begin_drain: Callable[[], None]) -> Callable[[int], None]:

@@ -47,6 +47,7 @@ class ServerState:
     load_error: BaseException | None = None
     draining: bool = False
     on_fatal: Callable[[], None] | None = None  # run_server: stop the process
+    loader: threading.Thread | None = None  # the thread building the engine (build_app's lifespan)
     started_at: int = field(default_factory=lambda: int(time.time()))
     request_ids: RecentMap[str, list[str]] = field(default_factory=RecentMap)  # X-Request-Id -> engine ids
 
