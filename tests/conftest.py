@@ -7,8 +7,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 
 # The suite's engines keep their weights in 4 KiB pages unless the runner asks otherwise: on a VM whose
-# balloon reports free memory (as CI's do) a fresh 2 MiB page costs 20-45 ms to map, 6-8 s for the
-# default model's 625 MiB arena, paid again by every engine and server the suite starts (25 s of 139 s
+# balloon reports free memory (as ours and CI's do) a fresh 2 MiB page costs ~20 ms to map, 6-8 s for the
+# default model's float32 arena (625 MiB), paid again by every engine and server the suite starts (25 s of 139 s
 # on seven of its test files, 2026-12-02). The huge-page path keeps its own tests (test_host_memory.py
 # sets and clears the variable itself); TOKENMILL_HUGE_PAGES=1 runs the whole suite with it.
 os.environ.setdefault("TOKENMILL_HUGE_PAGES", "0")
