@@ -66,6 +66,7 @@ def test_sigterm_while_the_model_loads_exits_0(server_logs):
         srv.stop()
     log = srv.log()
     assert status == 0 and "terminate called" not in log, log[-3000:]
+    # a machine that finishes loading before the signal lands takes the ordinary stop: exit 0 as well
     assert "stopped before the model finished loading" in log or " ready (" in log, log[-3000:]
 
 

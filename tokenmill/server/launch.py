@@ -126,7 +126,7 @@ def exit_now_if_loading(state: ServerState, code: int) -> int:
     thread is inside torch's C++ code, and the interpreter's exit under it aborted the process
     ("terminate called without an active exception", status 134)."""
     if state.loader is not None and state.loader.is_alive():
-        logging.getLogger("tokenmill.server").info("stopped before the model finished loading")
+        logger.info("stopped before the model finished loading")
         logging.shutdown()
         sys.stdout.flush()
         sys.stderr.flush()
