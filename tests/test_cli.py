@@ -79,7 +79,7 @@ def test_quantize_writes_a_checkpoint_and_refuses_a_quantized_one(tiny_llama, tm
     (["generate", ""], "tokenmill: error: prompt 1 is empty"),
     (["generate", "x", "--max-tokens", "0"], "tokenmill: error: --max-tokens must be an integer >= 1, got 0"),
     (["generate", "x", "--top-p", "2"], "tokenmill: error: --top-p must be (0, 1], got 2.0"),
-    (["generate", "x", "--sampling-seed", "-1"], "tokenmill: error: --sampling-seed must be"),
+    (["generate", "x", "--sampling-seed", str(2**63)], "tokenmill: error: --sampling-seed must be"),
     (["generate", "x", "--min-tokens", "5", "--max-tokens", "2"], "tokenmill: error: --min-tokens must be <="),
     (["generate", "x", "--block-size", "3"], "tokenmill: error: --block-size must be a power of two"),
     (["chat", "--temperature", "-1"], "tokenmill: error: --temperature must be [0, 100], got -1.0"),

@@ -155,17 +155,21 @@ def test_bad_prompt_type_fails_the_batch_and_queues_nothing(tiny_llm):
     assert not engine.has_unfinished_requests() and engine.core.kv.pool.num_used_blocks == 0
 
 
-def test_max_tokens_beyond_the_context_is_refused(tiny_llama):
-    """As the OpenAI API and vLLM: prompt + max_tokens must fit in max_model_len (never silently
-    clamped); max_tokens=None takes the room that is left."""
+def test_max_tokens_beyond_the_context_ends_at_the_context(tiny_llama):
+    """LLM as vLLM offline: an output whose max_tokens passes max_model_len stops there ("length");
+    max_tokens=None takes the room that is left. The engine the server uses refuses such a
+    request instead, as the OpenAI API (tests/e2e/test_openai_api.py)."""
     llm = LLM(str(tiny_llama), dtype="float32", kv_cache_memory_gb=0.02, max_model_len=64)
-    out = llm.generate([{"prompt_token_ids": list(range(3, 43))}], SamplingParams(max_tokens=30), use_tqdm=False)[0]
-    assert out.error == ("This model's maximum context length is 64 tokens. However, you requested 70 tokens "
-                         "(40 in the input, 30 in the completion). Please reduce the length of the input or "
-                         "completion.")
-    free = llm.generate([{"prompt_token_ids": list(range(3, 43))}],
-                        SamplingParams(max_tokens=None, temperature=0, ignore_eos=True), use_tqdm=False)[0]
-    assert len(free.outputs[0].token_ids) == 24 and free.outputs[0].finish_reason == "length"
+    prompt = [{"prompt_token_ids": list(range(3, 43))}]
+    for max_tokens in (30, None):
+        out = llm.generate(prompt, SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True),
+                           use_tqdm=False)[0]
+        assert out.error is None and len(out.outputs[0].token_ids) == 24 and out.outputs[0].finish_reason == "length"
+    engine = llm.llm_engine
+    engine.clamp_max_tokens = False
+    with pytest.raises(ValueError, match="However, you requested 70 tokens"):
+        engine.add_request(None, prompt[0], SamplingParams(max_tokens=30))
+    assert not engine.has_unfinished_requests()
 
 
 def test_bfloat16_chunking_and_preemption_outputs_identical(tiny_llama, prompts):

@@ -61,7 +61,7 @@ def test_call_grammar_accepts_exactly_the_call_format():
 
 def _byte_matcher(lark: str):
     """Whether text is a complete sentence of the grammar (byte-level tokenizer: no model needed)."""
-    import llguidance
+    import llguidance.hf
     from llguidance import LLMatcher
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast

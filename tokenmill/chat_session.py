@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from tokenmill.llm import _chat_ids
+from tokenmill.engine.chat_template import apply_chat_template
 from tokenmill.sampling_params import SamplingParams
 
 # Room kept for a reply when old turns must be dropped to fit the context (capped at a quarter of it).
@@ -81,7 +81,8 @@ class ChatSession:
         return reply
 
     def _prompt_ids(self, turns: list[dict[str, str]]) -> list[int]:
-        return _chat_ids(self.engine.tokenizer, self.conversation.head() + turns, self.chat_template, True)
+        messages = self.conversation.head() + turns
+        return apply_chat_template(self.engine.tokenizer, messages, self.chat_template, True, {})
 
     def _fitting_prompt(self) -> tuple[list[int], int]:
         """The prompt's token ids, dropping the oldest (user, assistant) pairs while the prompt leaves

@@ -1,25 +1,38 @@
 """LLM: the offline API (names follow vLLM)."""
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
 from tqdm import tqdm
 
 from tokenmill.config import EngineConfig
+from tokenmill.engine.chat_template import apply_chat_template, join_text_parts
 from tokenmill.engine.engine import LLMEngine
+from tokenmill.engine.vllm_args import split_vllm_kwargs
+from tokenmill.inputs import PromptType
 from tokenmill.request import CompletionOutput, FinishReason, RequestOutput
 from tokenmill.sampling_params import SamplingParams
-
-PromptType = str | list[int] | dict
 
 
 class LLM:
     def __init__(self, model: str | None = None, **kwargs) -> None:
-        self.llm_engine = LLMEngine(EngineConfig(model=model, **kwargs))
+        """`kwargs`: EngineConfig's fields, and vLLM's LLM arguments (engine/vllm_args.py)."""
+        engine_kwargs, self.options = split_vllm_kwargs(kwargs)
+        self.llm_engine = LLMEngine(EngineConfig(model=model, **engine_kwargs))
         self.llm_engine.stream_outputs = False  # generate() returns final outputs only
+        self.llm_engine.clamp_max_tokens = True  # vLLM offline: the output ends at max_model_len
+        if self.options.generation_config == "vllm":  # vLLM's: ignore the model's generation_config.json
+            self.llm_engine.generation_defaults = {}
+            self.llm_engine.extra_eos_ids = []
 
     def get_tokenizer(self):
         return self.llm_engine.tokenizer
+
+    def get_default_sampling_params(self) -> SamplingParams:
+        """What generate() and chat() use when given no SamplingParams: the sampling keys of the
+        model's generation_config.json (temperature, top_p, top_k, min_p, repetition_penalty,
+        max_new_tokens), else SamplingParams()'s own defaults, as vLLM."""
+        return SamplingParams(**self.llm_engine.generation_defaults)
 
     def generate(self, prompts: PromptType | Sequence[PromptType],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
@@ -29,7 +42,7 @@ class LLM:
         if isinstance(prompts, (str, dict)) or (isinstance(prompts, list) and prompts
                                                  and isinstance(prompts[0], int)):
             prompts = [prompts]
-        params = sampling_params or SamplingParams()
+        params = sampling_params or self.get_default_sampling_params()
         if isinstance(params, SamplingParams):
             params = [params] * len(prompts)
         if len(params) != len(prompts):
@@ -68,24 +81,37 @@ class LLM:
                 engine.abort_request(rid)
 
     def chat(self, messages: list[dict] | list[list[dict]],
-             sampling_params: SamplingParams | None = None, use_tqdm: bool = True,
-             chat_template: str | None = None, add_generation_prompt: bool = True) -> list[RequestOutput]:
+             sampling_params: SamplingParams | Sequence[SamplingParams] | None = None, use_tqdm: bool = True,
+             lora_request=None, chat_template: str | None = None, chat_template_content_format: str = "auto",
+             add_generation_prompt: bool = True, continue_final_message: bool = False,
+             tools: list[dict] | None = None, chat_template_kwargs: dict[str, Any] | None = None,
+             ) -> list[RequestOutput]:
+        """vLLM's chat(): one conversation or a list of them, through the model's chat template
+        (or `chat_template`). OpenAI-style text parts are joined into one string unless
+        chat_template_content_format is "openai"; continue_final_message extends the last
+        (assistant) message instead of opening a new one."""
+        if lora_request is not None:
+            raise ValueError("lora_request: LoRA adapters are not supported")
+        if chat_template_content_format not in ("auto", "string", "openai"):
+            raise ValueError("chat_template_content_format must be one of auto, string, openai; got "
+                             f"{chat_template_content_format!r}")
+        if continue_final_message and add_generation_prompt:
+            add_generation_prompt = False  # vLLM refuses both; True is merely the default here
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
+        kwargs = dict(chat_template_kwargs or {})
+        if continue_final_message:
+            kwargs["continue_final_message"] = True
+        template = chat_template if chat_template is not None else self.options.chat_template
         tok = self.get_tokenizer()
-        prompts = [{"prompt_token_ids": _chat_ids(tok, conv, chat_template, add_generation_prompt)}
-                   for conv in conversations]
+        prompts = []
+        for conv in conversations:
+            conv = conv if chat_template_content_format == "openai" else join_text_parts(list(conv))
+            prompts.append({"prompt_token_ids": apply_chat_template(tok, conv, template, add_generation_prompt,
+                                                                     kwargs, tools)})
         return self.generate(prompts, sampling_params, use_tqdm)
 
     def reset_prefix_cache(self) -> bool:
         return self.llm_engine.reset_prefix_cache()
-
-
-def _chat_ids(tok, conversation, chat_template, add_generation_prompt) -> list[int]:
-    ids = tok.apply_chat_template(conversation, chat_template=chat_template, tokenize=True,
-                                  add_generation_prompt=add_generation_prompt)
-    if isinstance(ids, dict) or hasattr(ids, "input_ids"):
-        ids = ids["input_ids"]
-    return list(ids)
 
 
 def _check_types(prompts: Sequence, params: Sequence) -> None:

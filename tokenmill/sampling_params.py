@@ -1,7 +1,8 @@
 """SamplingParams: how to pick tokens for one request (names follow vLLM)."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import math
+from dataclasses import dataclass
 from typing import Any
 
 
@@ -23,7 +24,7 @@ class StructuredOutputsParams:
     whitespace_pattern: str | None = None  # a regex: whitespace allowed between JSON tokens
 
     def __post_init__(self) -> None:
-        kinds = [k for k in ("json", "regex", "choice", "grammar", "json_object") if getattr(self, k)]
+        kinds = self._kinds()
         if len(kinds) != 1:
             raise ValueError("structured_outputs must set exactly one of json, regex, choice, grammar, "
                              f"json_object; got {kinds or 'none'}")
@@ -31,9 +32,14 @@ class StructuredOutputsParams:
             _check(bool(self.choice) and all(isinstance(c, str) for c in self.choice), "structured_outputs",
                    self.choice, "a non-empty list of strings as choice")
 
+    def _kinds(self) -> list[str]:
+        """The constraints set: json {} (any JSON) counts, json_object False does not (vLLM)."""
+        return [k for k in ("json", "regex", "choice", "grammar", "json_object")
+                if (getattr(self, k) if k == "json_object" else getattr(self, k) is not None)]
+
     @property
     def kind(self) -> str:
-        return next(k for k in ("json", "regex", "choice", "grammar", "json_object") if getattr(self, k))
+        return self._kinds()[0]
 
 
 @dataclass
@@ -47,7 +53,7 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
     seed: int | None = None
-    stop: str | list[str] | None = None
+    stop: str | list[str] | None = None  # a list after construction, as vLLM
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
     max_tokens: int | None = 16
@@ -57,18 +63,36 @@ class SamplingParams:
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     structured_outputs: StructuredOutputsParams | None = None
+    logit_bias: dict[int, float] | None = None  # token id -> added to its logit, in [-100, 100] (OpenAI)
+    allowed_token_ids: list[int] | None = None  # only these may be sampled
     # prefill/decode disaggregation (vLLM's field; see tokenmill/disagg/connector.py)
     kv_transfer_params: dict[str, Any] | None = None
-    stop_list: list[str] = field(init=False, default_factory=list)
-
     def __post_init__(self) -> None:
-        self.stop_list = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
-        self.stop_token_ids = list(self.stop_token_ids or [])
+        # vLLM's normalisations: stop and stop_token_ids as lists (ids without repeats), seed -1 as
+        # None (what OpenAI-style clients send for "random"), logprobs True as 1 (False: none), top_k -1 as 0
+        self.stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        self.stop_token_ids = list(dict.fromkeys(self.stop_token_ids or []))
+        if self.seed == -1 and not isinstance(self.seed, bool):
+            self.seed = None
+        for name in ("logprobs", "prompt_logprobs"):
+            if isinstance(getattr(self, name), bool):
+                setattr(self, name, 1 if getattr(self, name) else None)
         if self.top_k == -1:
             self.top_k = 0
         self._validate()
 
+    @property
+    def stop_list(self) -> list[str]:
+        return self.stop
+
     def _validate(self) -> None:
+        for name in ("n", "top_k", "min_tokens"):
+            _check(_is_int(getattr(self, name)), name, getattr(self, name), "an integer")
+        _check(self.max_tokens is None or _is_int(self.max_tokens), "max_tokens", self.max_tokens, "an integer or None")
+        for name in ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty"):
+            value = getattr(self, name)
+            _check(isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value), name,
+                   value, "a finite number")
         _check(self.n >= 1, "n", self.n, "an integer >= 1")
         _check(0.0 <= self.temperature <= 100.0, "temperature", self.temperature, "[0, 100]")
         _check(0.0 < self.top_p <= 1.0, "top_p", self.top_p, "(0, 1]")
@@ -76,7 +100,7 @@ class SamplingParams:
         _check(0.0 <= self.min_p <= 1.0, "min_p", self.min_p, "[0, 1]")
         _check(-2.0 <= self.presence_penalty <= 2.0, "presence_penalty", self.presence_penalty, "[-2, 2]")
         _check(-2.0 <= self.frequency_penalty <= 2.0, "frequency_penalty", self.frequency_penalty, "[-2, 2]")
-        _check(0.0 < self.repetition_penalty <= 10.0, "repetition_penalty", self.repetition_penalty, "(0, 10]")
+        _check(0.0 < self.repetition_penalty, "repetition_penalty", self.repetition_penalty, "> 0")
         _check(self.max_tokens is None or self.max_tokens >= 1, "max_tokens", self.max_tokens, "an integer >= 1")
         _check(self.min_tokens >= 0, "min_tokens", self.min_tokens, "an integer >= 0")
         _check(self.max_tokens is None or self.min_tokens <= self.max_tokens, "min_tokens", self.min_tokens,
@@ -86,14 +110,22 @@ class SamplingParams:
         _check(self.prompt_logprobs is None or _is_int(self.prompt_logprobs)
                and 0 <= self.prompt_logprobs <= MAX_LOGPROBS, "prompt_logprobs", self.prompt_logprobs,
                f"0..{MAX_LOGPROBS} (top alternatives per prompt token) or None")
-        _check(all(isinstance(s, str) and s for s in self.stop_list), "stop", self.stop, "non-empty strings")
+        _check(all(isinstance(s, str) and s for s in self.stop), "stop", self.stop, "non-empty strings")
+        _check(all(_is_int(t) for t in self.stop_token_ids), "stop_token_ids", self.stop_token_ids, "integers")
+        bias = self.logit_bias
+        _check(bias is None or isinstance(bias, dict) and all(
+            _is_int(t) and isinstance(v, (int, float)) and not isinstance(v, bool) and -100 <= v <= 100
+            for t, v in bias.items()), "logit_bias", bias, "a dict of token id -> bias in [-100, 100]")
+        allowed = self.allowed_token_ids
+        _check(allowed is None or isinstance(allowed, list) and allowed and all(_is_int(t) for t in allowed),
+               "allowed_token_ids", allowed, "a non-empty list of token ids or None")
         _check(self.structured_outputs is None or isinstance(self.structured_outputs, StructuredOutputsParams),
                "structured_outputs", self.structured_outputs, "a StructuredOutputsParams or None")
         # the grammar decides where a constrained output ends: a forbidden EOS could leave no token at all
         _check(self.structured_outputs is None or self.min_tokens == 0, "min_tokens", self.min_tokens,
                "0 with structured_outputs")
-        _check(self.seed is None or (isinstance(self.seed, int) and 0 <= self.seed < 2**63 - self.n),
-               "seed", self.seed, "an integer in [0, 2**63 - n) or None")
+        _check(self.seed is None or (_is_int(self.seed) and -2**63 <= self.seed < 2**63 - self.n),
+               "seed", self.seed, "an integer in [-2**63, 2**63 - n) or None")
         if self.kv_transfer_params is not None:
             self._validate_kv_transfer()
 
@@ -112,6 +144,11 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature < 1e-5
+
+    @property
+    def shapes_logits(self) -> bool:
+        """logit_bias or allowed_token_ids: the sampler changes this row's logits."""
+        return bool(self.logit_bias) or self.allowed_token_ids is not None
 
     @property
     def uses_penalties(self) -> bool:

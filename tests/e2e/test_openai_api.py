@@ -190,3 +190,45 @@ def test_max_tokens_beyond_the_context_is_a_400(client, endpoint):
     assert err["code"] == "context_length_exceeded"
     assert err["param"] == ("max_tokens" if endpoint == "completions" else "max_completion_tokens")
     assert "maximum context length is 512 tokens" in err["message"] and "you requested" in err["message"]
+
+
+def test_models_retrieve_version_and_ping(server, client):
+    assert client.models.retrieve("tiny-alias").id == "tiny-alias"
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("gpt-9")
+    assert httpx.get(server.url + "/version").json()["version"]
+    assert httpx.get(server.url + "/ping").status_code == 200 and httpx.post(server.url + "/ping").status_code == 200
+
+
+def test_explicit_nulls_mean_the_defaults(server):
+    """Clients that serialise unset fields as null (OpenAI marks them nullable; vLLM's are Optional)."""
+    nulls = {"n": None, "stream": None, "stream_options": None, "min_tokens": None, "ignore_eos": None,
+             "skip_special_tokens": None, "temperature": None, "max_tokens": 3}
+    r = httpx.post(server.url + "/v1/chat/completions",
+                   json={"messages": CHAT, "logprobs": None, "parallel_tool_calls": None, **nulls})
+    assert r.status_code == 200, r.text
+    assert len(r.json()["choices"]) == 1 and r.json()["choices"][0]["logprobs"] is None
+    r = httpx.post(server.url + "/v1/completions", json={"prompt": PROMPT, "echo": None, **nulls})
+    assert r.status_code == 200 and not r.json()["choices"][0]["text"].startswith(PROMPT)
+
+
+def test_stream_options_need_stream_and_an_empty_schema_is_any_json(server):
+    r = httpx.post(server.url + "/v1/completions", json={"prompt": PROMPT, "max_tokens": 2,
+                                                         "stream_options": {"include_usage": True}})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "stream_options"
+    fmt = {"type": "json_schema", "json_schema": {"name": "any", "schema": {}}}
+    r = httpx.post(server.url + "/v1/chat/completions", json={"messages": CHAT, "max_tokens": 40,
+                                                              "response_format": fmt})
+    assert r.status_code == 200, r.text
+    choice = r.json()["choices"][0]
+    if choice["finish_reason"] == "stop":
+        json.loads(choice["message"]["content"])
+
+
+def test_logit_bias_through_the_api(client, server):
+    r = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=4, temperature=0, logit_bias={"77": 100},
+                                  extra_body={"ignore_eos": True, "return_token_ids": True})
+    assert r.model_dump()["choices"][0]["token_ids"] == [77] * 4
+    for bias in ({"x": 1}, {"77": 500}, {"999999": 1}):
+        e = httpx.post(server.url + "/v1/completions", json={"prompt": PROMPT, "logit_bias": bias}).json()["error"]
+        assert e["param"] == "logit_bias", e

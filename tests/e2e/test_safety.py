@@ -46,8 +46,10 @@ def _assert_error(r: httpx.Response, status: int, param=None, code=None, type_=N
     ("/v1/completions", b'{"prompt": "hi", "presence_penalty": 3}', 400, "presence_penalty"),
     ("/v1/completions", b'{"prompt": "hi", "seed": 99999999999999999999}', 400, "seed"),
     ("/v1/completions", b'{"prompt": "hi", "stop_token_ids": [100000]}', 400, "stop_token_ids"),  # engine's check
-    ("/v1/completions", b'{"prompt": "hi", "seed": -1}', 400, "seed"),                  # SamplingParams' check
+    ("/v1/completions", b'{"prompt": "hi", "seed": -9223372036854775809}', 400, "seed"),  # SamplingParams' check
+    ("/v1/completions", b'{"prompt": "hi", "n": 2.0}', 400, "n"),
     ("/v1/completions", b'{"prompt": [1, 2, 99999]}', 400, "prompt"),
+    ("/v1/completions", b'{"prompt": [-1], "echo": true}', 400, "prompt"),  # found by schemathesis: a 500
     ("/v1/completions", b'{"prompt": ""}', 400, "prompt"),
     ("/v1/completions", b'{"prompt": "hi", "stream": true, "top_k": -5}', 400, "top_k"),  # streaming too
     ("/v1/completions", json.dumps({"prompt": "hi", "stop": [f"s{i}" for i in range(65)]}).encode(), 400,
@@ -69,6 +71,14 @@ def _assert_error(r: httpx.Response, status: int, param=None, code=None, type_=N
 def test_bad_requests_are_400(server, path, body, status, param):
     r = httpx.post(server.url + path, content=body, headers={"Content-Type": "application/json"})
     _assert_error(r, status, param, type_="invalid_request_error")
+
+
+def test_messages_name_the_field_the_request_used(server):
+    chat = {"messages": [{"role": "user", "content": "hi"}]}
+    r = httpx.post(server.url + "/v1/chat/completions", json={**chat, "max_completion_tokens": -5})
+    assert r.json()["error"]["message"].startswith("max_completion_tokens must be")
+    r = httpx.post(server.url + "/v1/chat/completions", json={**chat, "logprobs": True, "top_logprobs": 25})
+    assert r.json()["error"]["message"].startswith("top_logprobs must be")
 
 
 def test_prompt_over_context_unknown_model_and_routes(server):
@@ -111,6 +121,20 @@ def test_api_key_and_body_cap(strict_server):
     # headers past the default 16 KiB cap: our 431 with an OpenAI body, not h11's plain 400
     r = httpx.get(url + "/v1/models", headers={**AUTH, "X-Filler": "f" * 20000})
     _assert_error(r, 431, code="request_header_fields_too_large")
+
+
+def test_refusals_reach_a_keep_alive_client_whose_body_is_large(strict_server):
+    """A 413 or 401 sent before the body is read arrives, rather than a connection reset (the
+    server reads and drops the rest of the body before it answers and closes)."""
+    url = strict_server.url
+    big = json.dumps({"prompt": "x" * 8_000_000}).encode()
+    with httpx.Client(timeout=30) as client:
+        for _ in range(3):
+            assert client.get(url + "/health").status_code == 200  # the connection is open and idle
+            _assert_error(client.post(url + "/v1/completions", content=big, headers={**AUTH, "Content-Type":
+                                      "application/json"}), 413, code="request_too_large")
+            _assert_error(client.post(url + "/v1/completions", content=big,
+                                      headers={"Content-Type": "application/json"}), 401, code="invalid_api_key")
 
 
 def _metrics(url: str) -> dict[str, float]:

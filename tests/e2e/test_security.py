@@ -53,7 +53,10 @@ def test_parser_defaults_are_safe(monkeypatch):
 
 
 def test_every_route_but_health_needs_the_key(keyed):
-    routes = {(m, r.path) for r in keyed.app.routes for m in getattr(r, "methods", ()) if m != "HEAD"}
+    """/health and /ping (the same probe) are open; everything else asks for the key."""
+    model = httpx.get(keyed.url + "/v1/models", headers=AUTH).json()["data"][0]["id"]
+    routes = {(m, r.path.replace("{model:path}", model)) for r in keyed.app.routes for m in getattr(r, "methods", ())
+              if m != "HEAD"}
     assert ("POST", "/v1/completions") in routes and ("GET", "/openapi.json") in routes
     bodies = {"/v1/completions": {"prompt": "hi", "max_tokens": 1}, "/v1/chat/completions": {"messages": [
         {"role": "user", "content": "hi"}], "max_tokens": 1}, "/tokenize": {"prompt": "hi"},
@@ -63,7 +66,7 @@ def test_every_route_but_health_needs_the_key(keyed):
         for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": KEY},
                         {"Authorization": f"Bearer {KEY}x"}):
             r = httpx.request(method, keyed.url + path, headers=headers, **kw)
-            if path == "/health":
+            if path in ("/health", "/ping"):
                 assert r.status_code == 200
                 continue
             assert _error(r, 401)["code"] == "invalid_api_key", (method, path)

@@ -113,6 +113,11 @@ class AsyncLLMEngine:
     def vocab_size(self) -> int:
         return self.engine.vocab_size
 
+    @property
+    def generation_defaults(self) -> dict:
+        """The model's sampling defaults (generation_config.json): requests that leave a field unset get them."""
+        return getattr(self.engine, "generation_defaults", {})
+
     def next_request_id(self) -> str:
         return self.engine.next_request_id()
 

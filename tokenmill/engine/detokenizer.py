@@ -48,8 +48,8 @@ class IncrementalDetokenizer:
 
     def add_token(self, st: DetokState, token_id: int, check_stops: bool = True) -> str:
         """Append one token; returns the newly completed text (may be empty). Stop strings are
-        searched only with check_stops (once min_tokens are out, as vLLM), and only in the new text
-        plus the overlap a stop string could span, so text produced before that is never cut."""
+        searched only with check_stops (once min_tokens are out, as vLLM), and must end in the new
+        text (a stop string may begin in earlier text)."""
         st.token_ids.append(token_id)
         prefix = self._decode(st.token_ids[st.prefix_offset:st.read_offset], st.skip_special)
         full = self._decode(st.token_ids[st.prefix_offset:], st.skip_special)
@@ -62,11 +62,12 @@ class IncrementalDetokenizer:
             st.token_ids = st.token_ids[st.prefix_offset:]
             st.read_offset -= st.prefix_offset
             st.prefix_offset = 0
-        start = max(0, len(st.text) - max((len(s) for s in st.stops), default=0))
+        old_len = len(st.text)
         st.text += delta
         if not check_stops:
             return delta
-        found = [(i, stop) for stop in st.stops if (i := st.text.find(stop, start)) != -1]
+        # a stop string must end in the new text: text produced before checks began is never cut
+        found = [(i, stop) for stop in st.stops if (i := st.text.find(stop, max(0, old_len - len(stop) + 1))) != -1]
         if found:
             i, st.stop_hit = min(found)
             st.text = st.text[:i]

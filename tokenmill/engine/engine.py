@@ -18,6 +18,7 @@ from tokenmill.core.outputs import EngineCoreOutput, IterationStats, PromptLogpr
 from tokenmill.engine.detokenizer import DetokState, IncrementalDetokenizer
 from tokenmill.engine.ended_usage import EndedUsage, RecentMap
 from tokenmill.engine.errors import EngineSleepingError
+from tokenmill.engine.generation_config import generation_eos_ids, load_generation_config
 from tokenmill.engine.resolve import resolve_config
 from tokenmill.engine.tokenizer import load_tokenizer
 from tokenmill.engine.validation import RequestValidationError, check_request, check_structured_outputs
@@ -94,12 +95,20 @@ class LLMEngine:
         self.eos_token_id = self.tokenizer.eos_token_id
         if self.eos_token_id is None and cfg.model.arch.eos_token_ids:
             self.eos_token_id = cfg.model.arch.eos_token_ids[0]
+        # the model's other end ids (generation_config.json, else config.json, as vLLM) end a
+        # sample as stop token ids do; its sampling keys are LLM's defaults
+        model_eos = generation_eos_ids(cfg.model.path) or list(cfg.model.arch.eos_token_ids)
+        self.extra_eos_ids = sorted({t for t in model_eos if t != self.eos_token_id and 0 <= t < self.vocab_size})
+        self.generation_defaults = load_generation_config(cfg.model.path)
         self.parents: dict[str, _Parent] = {}
         self._samples: dict[str, tuple[_Parent, _Sample]] = {}  # core request id -> its parent and sample
         self.stat_loggers: list[StatLogger] = []
         self.ended_usage: RecentMap[str, EndedUsage] = RecentMap()  # the last requests' usage, aborted ones too (fleet billing)
         # False: step() returns only finished requests (offline use skips per-step output building)
         self.stream_outputs = True
+        # True (LLM, as vLLM offline): a max_tokens past the context ends the output there; False
+        # (the server, as OpenAI): such a request is refused with context_length_exceeded
+        self.clamp_max_tokens = False
         self._ids = itertools.count()
         freeze_startup_heap()
 
@@ -152,12 +161,15 @@ class LLMEngine:
         naming the field) and adds nothing when the request is invalid."""
         if self.is_sleeping:
             raise EngineSleepingError("the engine is sleeping (its KV cache is released): POST /wake_up first")
-        params = params or SamplingParams()
+        params = self._with_model_eos(params or SamplingParams())
         request_id = request_id if request_id is not None else self.next_request_id()
         if request_id in self.parents:
             raise RequestValidationError(f"request_id {request_id!r} is already in use", "request_id")
         text, token_ids = self._tokenize(prompt)
-        max_tokens = check_request(token_ids, params, self.vocab_size, self.max_model_len, self.kv_capacity_tokens)
+        max_tokens = check_request(token_ids, params, self.vocab_size, self.max_model_len, self.kv_capacity_tokens,
+                                   self.clamp_max_tokens)
+        if params.max_tokens is None and "max_tokens" in self.generation_defaults:  # the model's max_new_tokens
+            max_tokens = min(max_tokens, self.generation_defaults["max_tokens"])
         if params.structured_outputs is not None:
             check_structured_outputs(params, self.grammar_compiler)
         arrival = arrival_time if arrival_time is not None else self.core.clock()
@@ -179,11 +191,19 @@ class LLMEngine:
                                           max_tokens))
         return request_id
 
+    def _with_model_eos(self, params: SamplingParams) -> SamplingParams:
+        missing = [t for t in self.extra_eos_ids if t not in params.stop_token_ids]
+        if not missing or params.ignore_eos:
+            return params
+        return dataclasses.replace(params, stop_token_ids=params.stop_token_ids + missing)
+
     def _tokenize(self, prompt) -> tuple[str | None, list[int]]:
         """A prompt is text, token ids, or a dict with "prompt" and/or "prompt_token_ids" (both:
         the ids are used, the text is kept for the output)."""
         text = None
         if isinstance(prompt, dict):
+            if prompt.get("multi_modal_data"):
+                raise RequestValidationError("multi_modal_data: this engine runs text-only models", "prompt")
             if "prompt_token_ids" not in prompt and "prompt" not in prompt:
                 raise RequestValidationError("prompt dict needs 'prompt' or 'prompt_token_ids'", "prompt")
             text = prompt.get("prompt")
@@ -257,14 +277,22 @@ class LLMEngine:
         sample.events, sample.num_cached_tokens = out.events, out.num_cached_tokens
         sample.spec_stats = out.spec_stats or sample.spec_stats
         sample.kv_transfer_params = out.kv_transfer_params or sample.kv_transfer_params
-        min_tokens = sample.params.min_tokens
+        params = sample.params
+        last = len(out.new_token_ids) - 1
+        # EOS or a stop token id ends the sample without its text, unless include_stop_str_in_output (vLLM)
+        drop_last_text = out.finish_reason == FinishReason.STOP and not params.include_stop_str_in_output
         for i, token in enumerate(out.new_token_ids):
             sample.token_ids.append(token)
             if out.new_logprobs is not None and sample.logprobs is not None:
                 self._add_logprobs(sample, token, out.new_logprobs[i])
-            self.detokenizer.add_token(sample.detok, token, check_stops=len(sample.token_ids) >= min_tokens)
+            if i == last and drop_last_text:
+                break
+            # stop strings count from the token after the first min_tokens (vLLM)
+            self.detokenizer.add_token(sample.detok, token, check_stops=len(sample.token_ids) > params.min_tokens)
+            if sample.detok.stop_hit is not None:
+                break  # tokens after the one completing a stop string (drafts of one step) are dropped
         sample.finish_reason, sample.stop_reason = out.finish_reason, out.stop_reason
-        if sample.detok.stop_hit is None or sample.finish_reason == FinishReason.STOP:
+        if sample.detok.stop_hit is None:
             return []
         # a stop string ends the sample (and wins over the length limit reached on the same token)
         ended = [] if sample.finish_reason is not None else self.core.finish_requests(
@@ -285,12 +313,11 @@ class LLMEngine:
             have.append(self._logprob_entry(ids[pos], plp.entries[pos - plp.start]))
 
     def _logprob_entry(self, token: int, lp: SampledLogprobs) -> dict[int, Logprob]:
-        """vLLM's entry: the top alternatives (rank 1..k) and the token itself with its own rank."""
+        """vLLM's entry: the token itself first (with its own rank), then the top alternatives (rank 1..k)."""
         text = self.detokenizer.token_text
-        entry = {tid: Logprob(v, rank, text(tid)) for rank, (tid, v) in enumerate(lp.top, start=1)}
-        if token not in entry:
-            entry[token] = Logprob(lp.logprob, lp.rank, text(token))
-        return entry
+        top = {tid: Logprob(v, rank, text(tid)) for rank, (tid, v) in enumerate(lp.top, start=1)}
+        chosen = top.pop(token, None) or Logprob(lp.logprob, lp.rank, text(token))
+        return {token: chosen, **top}
 
     def _make_output(self, parent: _Parent) -> RequestOutput:
         outs = [self._completion(s) for s in parent.samples]

@@ -31,6 +31,18 @@ _INT_FIELDS = frozenset({"top_k", "max_tokens"})
 def load_generation_config(model_path: str | Path | None) -> dict[str, Any]:
     """SamplingParams keyword arguments set by `model_path`/generation_config.json; {} when the
     folder has none, the file is unreadable, or it sets no sampling key."""
+    return sampling_defaults(_read(model_path))
+
+
+def generation_eos_ids(model_path: str | Path | None) -> list[int]:
+    """The end-of-sequence ids generation_config.json lists (one or several: Llama 3 ends a turn
+    with <|eot_id|>, Qwen with <|im_end|>, besides the tokenizer's eos); [] without the file."""
+    eos = _read(model_path).get("eos_token_id")
+    ids = [eos] if isinstance(eos, int) else eos if isinstance(eos, list) else []
+    return [i for i in ids if isinstance(i, int) and not isinstance(i, bool) and i >= 0]
+
+
+def _read(model_path: str | Path | None) -> dict[str, Any]:
     if model_path is None:
         return {}
     path = Path(model_path) / GENERATION_CONFIG_FILE
@@ -41,9 +53,7 @@ def load_generation_config(model_path: str | Path | None) -> dict[str, Any]:
     except (OSError, ValueError) as e:
         logger.warning("ignoring %s: %s", path, e)
         return {}
-    if not isinstance(raw, dict):
-        return {}
-    return sampling_defaults(raw)
+    return raw if isinstance(raw, dict) else {}
 
 
 def sampling_defaults(raw: dict[str, Any]) -> dict[str, Any]:

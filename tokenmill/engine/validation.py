@@ -16,11 +16,14 @@ class RequestValidationError(ValueError):
 
 
 def check_request(prompt_token_ids: list[int], params: SamplingParams, vocab_size: int, max_model_len: int,
-                  kv_capacity_tokens: int) -> int:
+                  kv_capacity_tokens: int, clamp_max_tokens: bool = False) -> int:
     """Raises RequestValidationError; returns the output token limit (max_tokens, or when it is
-    None, all the room the context and the KV cache leave)."""
+    None, all the room the context and the KV cache leave). clamp_max_tokens (LLM's, as vLLM
+    offline): a max_tokens past that room ends the output there instead of refusing the request."""
     _check_token_ids("prompt", prompt_token_ids, vocab_size)
     _check_token_ids("stop_token_ids", params.stop_token_ids, vocab_size)
+    _check_token_ids("logit_bias", list(params.logit_bias or ()), vocab_size)
+    _check_token_ids("allowed_token_ids", params.allowed_token_ids or [], vocab_size)
     n = len(prompt_token_ids)
     limit = min(max_model_len, kv_capacity_tokens)
     if n >= limit:
@@ -28,8 +31,8 @@ def check_request(prompt_token_ids: list[int], params: SamplingParams, vocab_siz
             f"This model's maximum context length is {max_model_len} tokens"
             + (f" (the KV cache holds {kv_capacity_tokens})" if kv_capacity_tokens < max_model_len else "")
             + f". However, your request has {n} input tokens. Please reduce the length of the input.", "prompt")
-    if params.max_tokens is None:
-        return limit - n
+    if params.max_tokens is None or clamp_max_tokens:
+        return min(limit - n, params.max_tokens or limit)
     if n + params.max_tokens > max_model_len:
         raise RequestValidationError(
             f"This model's maximum context length is {max_model_len} tokens. However, you requested "

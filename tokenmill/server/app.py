@@ -1,6 +1,7 @@
 """The OpenAI-compatible HTTP app: `build_app` and its routes.
 
-Routes: POST /v1/completions, POST /v1/chat/completions (JSON or SSE with `stream`), GET /v1/models,
+Routes: POST /v1/completions, POST /v1/chat/completions (JSON or SSE with `stream`), GET /v1/models
+and /v1/models/{id}, GET /version, GET|POST /ping (= /health),
 POST /tokenize and /detokenize (vLLM's), with --enable-sleep-mode POST /sleep, POST /wake_up, GET
 /is_sleeping (vLLM's sleep mode: the KV cache released, weights kept; 409 while requests are unfinished),
 POST /abort_request (abort one request by its X-Request-Id and answer its usage: a fleet billing
@@ -25,10 +26,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from tokenmill import __version__
 from tokenmill.engine.async_engine import AsyncLLMEngine
 from tokenmill.metrics.prometheus import CONTENT_TYPE
 from tokenmill.server import cli_args
-from tokenmill.server.errors import add_exception_handlers, validation_error
+from tokenmill.server.errors import APIError, add_exception_handlers, validation_error
 from tokenmill.server.middleware import GuardMiddleware
 from tokenmill.server.openapi import install_openapi, json_body
 from tokenmill.server.serving import ended_usage_body
@@ -161,16 +163,31 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
         req, _ = await parse(request, DetokenizeRequest)
         return await state.tokenization.detokenize(req)
 
-    @app.get("/v1/models")
-    async def models():
+    def model_cards() -> list[dict]:
         err = state.unavailable()
         if err is not None:
             raise err
         config = getattr(state.engine.engine, "config", None)
         root = config.model.path if config is not None else None
-        return {"object": "list", "data": [
-            {"id": name, "object": "model", "created": state.started_at, "owned_by": "tokenmill", "root": root,
-             "max_model_len": state.engine.max_model_len} for name in state.served_model_names]}
+        return [{"id": name, "object": "model", "created": state.started_at, "owned_by": "tokenmill", "root": root,
+                 "max_model_len": state.engine.max_model_len} for name in state.served_model_names]
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": model_cards()}
+
+    @app.get("/v1/models/{model:path}")
+    async def model(model: str):
+        """OpenAI's models.retrieve."""
+        card = next((c for c in model_cards() if c["id"] == model), None)
+        if card is None:
+            raise APIError(404, f"The model `{model}` does not exist; this server serves "
+                                f"{', '.join(state.served_model_names)}", "not_found_error", "model", "model_not_found")
+        return card
+
+    @app.get("/version")
+    async def version():
+        return {"version": __version__}
 
     @app.post("/abort_request", openapi_extra=json_body(AbortRequest))
     async def abort_request(request: Request):
@@ -198,6 +215,8 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
                 "hash_key": engine.config.cache.block_hash_key, "role": engine.config.kv_role}
 
     @app.get("/health")
+    @app.get("/ping")  # vLLM's (and SageMaker's) name for the same probe
+    @app.post("/ping", include_in_schema=False)  # no body: nothing for a schema fuzzer to vary
     async def health():
         status, body = state.health()
         return JSONResponse(body, status_code=status)

@@ -19,7 +19,7 @@ from tokenmill.server.protocol import ChatCompletionRequest, ChatMessage
 from tokenmill.server.serving import OpenAIServing, chunk, kv_transfer_field, usage
 from tokenmill.server.sse import DONE, EventStream, sse_json
 from tokenmill.server.structured_outputs import structured_outputs_of
-from tokenmill.server.tokenization import PromptError
+from tokenmill.engine.chat_template import PromptError, join_text_parts
 
 
 class OpenAIServingChat(OpenAIServing):
@@ -122,19 +122,10 @@ class OpenAIServingChat(OpenAIServing):
 
 def template_messages(chat: list[ChatMessage]) -> list[dict]:
     """The messages as the chat template takes them (text parts joined into one string)."""
-    messages = []
-    for i, m in enumerate(chat):
-        msg = m.model_dump(exclude_none=True)
-        if isinstance(m.content, list):
-            texts = []
-            for part in m.content:
-                if part.type != "text" or part.text is None:
-                    raise APIError(400, f"messages[{i}].content: only text parts are supported, got "
-                                        f"{part.type!r}", param="messages")
-                texts.append(part.text)
-            msg["content"] = "".join(texts)
-        messages.append(msg)
-    return messages
+    try:
+        return join_text_parts([m.model_dump(exclude_none=True) for m in chat])
+    except PromptError as e:
+        raise APIError(400, str(e), param="messages") from None
 
 
 def _tool_delta_choices(d: ChoiceDelta, req: ChatCompletionRequest, tools: ToolDeltas) -> list[dict]:

@@ -74,8 +74,11 @@ class OpenAIServingCompletion(OpenAIServing):
     async def _echo_prompts(self, engine_prompts: list[dict | list[int]]) -> list[EchoPrompt]:
         """The prompt text to echo (token-id prompts decoded) and the first token's text."""
         out = []
+        vocab = self.engine.vocab_size
         for p in engine_prompts:
             ids = p["prompt_token_ids"] if isinstance(p, dict) else p
+            if any(not 0 <= t < vocab for t in ids):  # decoded here, before the engine checks them
+                raise APIError(400, f"prompt token ids must be in [0, {vocab})", param="prompt")
             text = p["prompt"] if isinstance(p, dict) else await self.tokenizer.decode(ids)
             out.append(EchoPrompt(text, await self.tokenizer.decode(ids[:1])))
         return out
@@ -162,10 +165,14 @@ def _delta_choice(d: ChoiceDelta, prompt_index: int, req: CompletionRequest, off
     idx = prompt_index * req.n + d.index
     choice = {"index": idx, "text": d.text, "logprobs": None, "finish_reason": d.finish_reason,
               "stop_reason": d.stop_reason}
+    offset = offsets.get(idx, 0)
     if req.logprobs is not None and d.logprobs is not None:
-        choice["logprobs"] = completion_logprobs(d.logprobs, d.token_ids, req.logprobs, offsets.get(idx, 0),
-                                                 unscored_text)
-    offsets[idx] = offsets.get(idx, 0) + len(d.text)
+        lp = choice["logprobs"] = completion_logprobs(d.logprobs, d.token_ids, req.logprobs, offset, unscored_text)
+        # text_offset counts the tokens' own texts, as the whole response's does: the streamed text
+        # can lag them (held back while a stop string may still match, or a character is incomplete)
+        if lp["tokens"]:
+            offset = lp["text_offset"][-1] + len(lp["tokens"][-1])
+    offsets[idx] = offset
     if req.return_token_ids:
         choice["token_ids"] = d.token_ids
     return choice

@@ -25,7 +25,7 @@ logger = logging.getLogger("tokenmill.server")
 # The request field a SamplingParams/engine ValueError is about: its message starts with the name.
 _PARAM_NAMES = {"n", "temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
                 "repetition_penalty", "max_tokens", "min_tokens", "logprobs", "prompt_logprobs", "stop", "seed",
-                "stop_token_ids", "prompt", "prompt_token_ids", "request"}
+                "stop_token_ids", "prompt", "prompt_token_ids", "request", "logit_bias", "allowed_token_ids"}
 _PARAM_RENAMES = {"prompt_token_ids": "prompt", "request": "max_tokens"}  # "request needs up to N tokens"
 _HTTP_CODES = {404: ("not_found_error", "not_found"), 405: ("invalid_request_error", "method_not_allowed")}
 
@@ -55,6 +55,14 @@ def param_of(message: str, aliases: dict[str, str] | None = None) -> str | None:
     return (aliases or {}).get(word, word)
 
 
+def aliased_message(message: str, aliases: dict[str, str] | None) -> str:
+    """The message with its leading engine field name in the endpoint's words ("max_tokens must
+    be ..." -> "max_completion_tokens must be ..." when the request used that field)."""
+    word = message.split(" ", 1)[0]
+    alias = (aliases or {}).get(word)
+    return alias + message[len(word):] if alias else message
+
+
 def engine_error(e: BaseException, aliases: dict[str, str] | None = None) -> APIError:
     """Map an engine exception to an APIError (never a 500 for a client's mistake); `aliases`
     renames engine field names to the endpoint's (e.g. prompt -> messages for chat)."""
@@ -77,7 +85,7 @@ def engine_error(e: BaseException, aliases: dict[str, str] | None = None) -> API
         param = getattr(e, "param", None)  # RequestValidationError names its field
         param = (aliases or {}).get(param, param) if param else param_of(str(e), aliases)
         code = "context_length_exceeded" if "maximum context length" in str(e) else None
-        return APIError(400, str(e), param=param, code=code)
+        return APIError(400, aliased_message(str(e), aliases), param=param, code=code)
     logger.error("unexpected engine error", exc_info=e)
     # never the message or traceback: they may name files or quote the request
     return APIError(500, f"internal error ({type(e).__name__}); details in the server log", "server_error",

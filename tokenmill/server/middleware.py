@@ -1,4 +1,4 @@
-"""GuardMiddleware: request id echo, the header cap (431), the API key (every route but /health, and
+"""GuardMiddleware: request id echo, the header cap (431), the API key (every route but /health and /ping, and
 /metrics with public_metrics), the draining 503 on /v1, the full-queue 429 on the generation routes
 (shed before the body is read: under overload a refusal must cost the engine thread, which shares
 the GIL with this loop, as little as possible) and the request-body cap (413).
@@ -19,7 +19,7 @@ from tokenmill.server.errors import APIError, engine_error, send_error
 from tokenmill.server.state import ServerState
 
 _BODY_METHODS = {"POST", "PUT", "PATCH"}
-_OPEN_PATHS = frozenset({"/health"})
+_OPEN_PATHS = frozenset({"/health", "/ping"})
 _GENERATION_PATHS = frozenset({"/v1/completions", "/v1/chat/completions"})
 
 
@@ -45,11 +45,14 @@ class GuardMiddleware:
         scope.setdefault("state", {})["request_id"] = rid.decode("latin-1")
         send = _with_request_id(send, rid)
         err = self._refusal(scope["path"], headers)
+        has_body = scope.get("method") in _BODY_METHODS
         if err is not None:
+            if has_body:
+                await _drop_body(receive, headers)
             await send_error(send, err)
             return
-        if scope.get("method") in _BODY_METHODS:
-            await self._with_capped_body(scope, receive, send, headers.get(b"content-length"))
+        if has_body:
+            await self._with_capped_body(scope, receive, send, headers)
             return
         await self.app(scope, receive, send)
 
@@ -71,13 +74,16 @@ class GuardMiddleware:
     def _open(self, path: str) -> bool:
         return path in _OPEN_PATHS or (self.state.public_metrics and path == "/metrics")
 
-    async def _with_capped_body(self, scope: Scope, receive: Receive, send: Send, length: bytes | None) -> None:
+    async def _with_capped_body(self, scope: Scope, receive: Receive, send: Send,
+                                headers: dict[bytes, bytes]) -> None:
         """Read the whole body (413 past the cap), then run the app with it replayed."""
         cap = self.state.max_request_body_bytes
         too_big = APIError(413, f"request body exceeds {cap} bytes", "invalid_request_error", None,
                            "request_too_large")
+        length = headers.get(b"content-length")
         try:
             if length is not None and int(length) > cap:
+                await _drop_body(receive, headers)
                 await send_error(send, too_big, close=True)
                 return
         except ValueError:
@@ -92,6 +98,8 @@ class GuardMiddleware:
             body = message.get("body", b"")
             size += len(body)
             if size > cap:
+                if message.get("more_body", False):
+                    await _drop_body(receive, headers, size)
                 await send_error(send, too_big, close=True)
                 return
             chunks.append(body)
@@ -103,6 +111,26 @@ class GuardMiddleware:
             return replay.pop() if replay else await receive()
 
         await self.app(scope, receive_replayed, send)
+
+
+# Bytes of a refused request's body read and dropped before the answer; past this the connection
+# is closed with the rest unread (and the client may see a reset instead of the answer).
+_DROP_LIMIT = 32 * 2**20
+
+
+async def _drop_body(receive: Receive, headers: dict[bytes, bytes], received: int = 0) -> None:
+    """Read the rest of a body nobody will use. Closing a connection whose request still has bytes
+    unread makes the kernel reset it, and a keep-alive client then gets "connection reset" instead
+    of our 413/429. A client that waits for "100 Continue" has sent nothing: left alone."""
+    if headers.get(b"expect", b"").lower() == b"100-continue":
+        return
+    while received <= _DROP_LIMIT:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return
+        received += len(message.get("body", b""))
+        if not message.get("more_body", False):
+            return
 
 
 def _with_request_id(send: Send, rid: bytes) -> Send:

@@ -5,13 +5,27 @@ SamplingParams, whose ValueError names the field. Unknown fields are ignored, as
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, get_args
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class _Base(BaseModel):
     model_config = ConfigDict(strict=True, extra="ignore")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_means_unset(cls, data: Any) -> Any:
+        """`"stream": null` is the default, as OpenAI's nullable fields and vLLM's Optional ones
+        are: clients that serialise unset fields as null must not get a 400."""
+        if not isinstance(data, dict):
+            return data
+        fields = cls.model_fields
+        return {k: v for k, v in data.items() if v is not None or k not in fields or _nullable(fields[k].annotation)}
+
+
+def _nullable(annotation: Any) -> bool:
+    return annotation is Any or type(None) in get_args(annotation)
 
 
 class StreamOptions(_Base):
@@ -40,6 +54,7 @@ class _SamplingFields(_Base):
     ignore_eos: bool = False
     min_tokens: int = 0
     stop_token_ids: list[int] | None = None
+    allowed_token_ids: list[int] | None = None
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     return_token_ids: bool = False  # add token ids (prompt and output) to the response

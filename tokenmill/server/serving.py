@@ -13,7 +13,7 @@ from tokenmill.engine.request_stream import RequestStream
 from tokenmill.request import RequestOutput
 from tokenmill.sampling_params import SamplingParams, StructuredOutputsParams
 from tokenmill.server.disconnect import ClientGone, collect
-from tokenmill.server.errors import APIError, engine_error, param_of
+from tokenmill.server.errors import APIError, aliased_message, engine_error, param_of
 from tokenmill.server.protocol import ChatCompletionRequest, CompletionRequest
 from tokenmill.server.sse import sse_json
 from tokenmill.server.tokenization import PromptTokenizer
@@ -60,16 +60,15 @@ class OpenAIServing:
         """What SamplingParams and the engine do not check (value ranges are theirs)."""
         if not 1 <= req.n <= MAX_N:
             raise APIError(400, f"n must be an integer in [1, {MAX_N}], got {req.n}", param="n")
-        if req.logit_bias:
-            raise APIError(400, "logit_bias is not supported", param="logit_bias")
+        if req.stream_options is not None and not req.stream:
+            raise APIError(400, "stream_options is only allowed when stream is true", param="stream_options")
         if isinstance(req.stop, list) and len(req.stop) > MAX_STOP_STRINGS:
             raise APIError(400, f"stop: at most {MAX_STOP_STRINGS} strings, got {len(req.stop)}", param="stop")
         if req.stop_token_ids and len(req.stop_token_ids) > MAX_STOP_TOKEN_IDS:
             raise APIError(400, f"stop_token_ids: at most {MAX_STOP_TOKEN_IDS} ids, got {len(req.stop_token_ids)}",
                            param="stop_token_ids")
 
-    @staticmethod
-    def _sampling_params(req: CompletionRequest | ChatCompletionRequest, max_tokens: int | None,
+    def _sampling_params(self, req: CompletionRequest | ChatCompletionRequest, max_tokens: int | None,
                          logprobs: int | None, aliases: dict[str, str],
                          structured: StructuredOutputsParams | None = None,
                          prompt_logprobs: int | None = None) -> SamplingParams:
@@ -78,12 +77,16 @@ class OpenAIServing:
                                       skip_special_tokens=req.skip_special_tokens,
                                       include_stop_str_in_output=req.include_stop_str_in_output, logprobs=logprobs,
                                       structured_outputs=structured, prompt_logprobs=prompt_logprobs,
-                                      kv_transfer_params=req.kv_transfer_params)
+                                      kv_transfer_params=req.kv_transfer_params, logit_bias=_logit_bias(req.logit_bias),
+                                      allowed_token_ids=req.allowed_token_ids)
+        # a field the request leaves unset takes the model's default (generation_config.json), as vLLM
+        defaults = self.engine.generation_defaults
+        kwargs.update({name: defaults[name] for name in _SAMPLING_FIELDS if name in defaults})
         kwargs.update({name: getattr(req, name) for name in _SAMPLING_FIELDS if getattr(req, name) is not None})
         try:
             return SamplingParams(**kwargs)
         except (ValueError, TypeError) as e:
-            raise APIError(400, str(e), param=param_of(str(e), aliases)) from None
+            raise APIError(400, aliased_message(str(e), aliases), param=param_of(str(e), aliases)) from None
 
     async def _add(self, requests: list[tuple[str, Any, SamplingParams]], arrival: float,
                    aliases: dict[str, str]) -> RequestStream:
@@ -148,6 +151,16 @@ def kv_transfer_field(outputs: list[RequestOutput]) -> dict:
     """A prefill engine's hand-over (vLLM's top-level "kv_transfer_params"), when there is one."""
     params = next((o.kv_transfer_params for o in outputs if o.kv_transfer_params is not None), None)
     return {"kv_transfer_params": params} if params is not None else {}
+
+
+def _logit_bias(bias: dict[str, float] | None) -> dict[int, float] | None:
+    """OpenAI's logit_bias has token ids as JSON object keys (strings)."""
+    if not bias:
+        return None
+    try:
+        return {int(k): v for k, v in bias.items()}
+    except ValueError:
+        raise APIError(400, f"logit_bias keys must be token ids, got {list(bias)[:3]}", param="logit_bias") from None
 
 
 def chunk(head: dict, choices: list[dict], include_usage: bool) -> str:

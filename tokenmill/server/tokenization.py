@@ -13,16 +13,12 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
+from tokenmill.engine.chat_template import PromptError, apply_chat_template
 from tokenmill.engine.tokenizer import load_tokenizer
-from tokenmill.structured.tools import fallback_messages, needs_fallback
 
 T = TypeVar("T")
 
 TOKENIZER_THREADS = 2
-
-
-class PromptError(ValueError):
-    """The messages cannot be turned into a prompt (bad template, empty result)."""
 
 
 class PromptTokenizer:
@@ -55,7 +51,7 @@ class PromptTokenizer:
     async def chat_prompt(self, messages: list[dict], add_generation_prompt: bool,
                           template_kwargs: dict[str, Any], tools: list[dict] | None = None) -> list[int]:
         """Token ids of the chat template applied to `messages` (and `tools`); raises PromptError."""
-        return await self.run(_apply_chat_template, messages, self.chat_template, add_generation_prompt,
+        return await self.run(apply_chat_template, messages, self.chat_template, add_generation_prompt,
                               template_kwargs, tools)
 
     async def decode(self, token_ids: list[int]) -> str:
@@ -75,26 +71,3 @@ class PromptTokenizer:
 
 def _encode(tok, texts: list[str]) -> list[list[int]]:
     return [tok.encode(text, add_special_tokens=True) for text in texts]
-
-
-def _apply_chat_template(tok, messages: list[dict], chat_template: str | None, add_generation_prompt: bool,
-                         template_kwargs: dict[str, Any], tools: list[dict] | None = None) -> list[int]:
-    if needs_fallback(messages, tools, chat_template or getattr(tok, "chat_template", None)):
-        messages, tools = fallback_messages(messages, tools), None  # structured/tools.py: the fallback
-    if tools:
-        template_kwargs = {**template_kwargs, "tools": tools}
-    try:
-        ids = tok.apply_chat_template(messages, chat_template=chat_template, tokenize=True,
-                                      add_generation_prompt=add_generation_prompt, **template_kwargs)
-    except Exception as e:
-        hint = "" if getattr(tok, "chat_template", None) or chat_template else \
-            " (this model's tokenizer has no chat template: start the server with --chat-template)"
-        raise PromptError(f"cannot apply the chat template: {e}{hint}") from None
-    if isinstance(ids, dict) or hasattr(ids, "input_ids"):
-        ids = ids["input_ids"]
-    ids = list(ids)
-    if ids and isinstance(ids[0], list):  # some tokenizers return a batch of one
-        ids = ids[0]
-    if not ids:
-        raise PromptError("the chat template produced an empty prompt")
-    return ids

@@ -93,6 +93,8 @@ class Sampler:
         choice (logits [rows, vocab], already cut to the vocabulary)."""
         if any(r.params.uses_penalties for r in reqs):
             logits = _apply_penalties(logits.clone(), reqs)
+        if any(r.params.shapes_logits for r in reqs):
+            logits = _bias_and_allow(logits.clone(), reqs)
         return _mask_until_min_tokens(logits, reqs)
 
     def probs(self, logits: torch.Tensor, reqs: list[SamplingRequest]) -> torch.Tensor:
@@ -142,6 +144,22 @@ def _apply_penalties(logits: torch.Tensor, reqs: list[SamplingRequest]) -> torch
     penalized = torch.where(logits > 0, logits / rep, logits * rep)
     logits = torch.where(seen, penalized, logits)
     return logits - freq * counts - pres * (counts > 0).to(logits.dtype)
+
+
+def _bias_and_allow(logits: torch.Tensor, reqs: list[SamplingRequest]) -> torch.Tensor:
+    """OpenAI's logit_bias (added to the logits) and vLLM's allowed_token_ids (every other token
+    masked), per row; `logits` is the caller's copy."""
+    for i, r in enumerate(reqs):
+        p = r.params
+        if p.allowed_token_ids is not None:
+            keep = torch.tensor(p.allowed_token_ids)
+            row = torch.full_like(logits[i], float("-inf"))
+            row[keep] = logits[i, keep]
+            logits[i] = row
+        if p.logit_bias:
+            ids = torch.tensor(list(p.logit_bias))
+            logits[i, ids] += torch.tensor(list(p.logit_bias.values()), dtype=logits.dtype)
+    return logits
 
 
 def _mask_until_min_tokens(logits: torch.Tensor, reqs: list[SamplingRequest]) -> torch.Tensor:
