@@ -232,3 +232,22 @@ def test_logit_bias_through_the_api(client, server):
     for bias in ({"x": 1}, {"77": 500}, {"999999": 1}):
         e = httpx.post(server.url + "/v1/completions", json={"prompt": PROMPT, "logit_bias": bias}).json()["error"]
         assert e["param"] == "logit_bias", e
+
+
+@pytest.mark.parametrize("endpoint", ["completions", "chat"])
+def test_continuous_usage_stats(client, endpoint):
+    """stream_options.continuous_usage_stats: every chunk carries the counts so far (vLLM's)."""
+    opts = {"include_usage": True, "continuous_usage_stats": True}
+    kw = dict(model=MODEL, max_tokens=6, temperature=0, stream=True, extra_body={"ignore_eos": True,
+                                                                                  "stream_options": opts})
+    if endpoint == "completions":
+        chunks = list(client.completions.create(prompt=PROMPT, **kw))
+    else:
+        chunks = list(client.chat.completions.create(messages=CHAT, **kw))
+    final = chunks[-1].usage
+    assert final.completion_tokens == 6 and not chunks[-1].choices
+    counted = [c.usage for c in chunks[:-1] if c.usage is not None]
+    assert counted and all(u.prompt_tokens == final.prompt_tokens for u in counted)
+    steps = [u.completion_tokens for u in counted]
+    assert steps == sorted(steps) and steps[-1] == 6 and all(u.total_tokens == u.prompt_tokens + u.completion_tokens
+                                                             for u in counted)

@@ -16,7 +16,7 @@ from tokenmill.server.echo import prompt_logprobs_json
 from tokenmill.server.errors import APIError
 from tokenmill.server.logprobs import chat_logprobs
 from tokenmill.server.protocol import ChatCompletionRequest, ChatMessage
-from tokenmill.server.serving import OpenAIServing, chunk, kv_transfer_field, usage
+from tokenmill.server.serving import OpenAIServing, chunk, continuous_usage, kv_transfer_field, usage
 from tokenmill.server.sse import DONE, EventStream, sse_json
 from tokenmill.server.structured_outputs import structured_outputs_of
 from tokenmill.engine.chat_template import PromptError, join_text_parts
@@ -93,6 +93,7 @@ class OpenAIServingChat(OpenAIServing):
     async def _stream(self, stream: RequestStream, rid: str, created: int,
                       req: ChatCompletionRequest, tools: ChatTools) -> AsyncIterator[str]:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        continuous = continuous_usage(req)
         deltas = OutputDeltas()
         tool_deltas = {i: ToolDeltas(tools) for i in range(req.n)} if tools.active else None
         head = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": self.model_name}
@@ -110,7 +111,7 @@ class OpenAIServingChat(OpenAIServing):
                                        else _tool_delta_choices(d, req, tool_deltas[d.index]))
                             for choice in choices:
                                 if choice is not None:
-                                    yield chunk(head, [choice], include_usage)
+                                    yield chunk(head, [choice], include_usage, [out] if continuous else None)
                 if include_usage and latest is not None:
                     yield sse_json({**head, "choices": [], "usage": usage([latest])})
             except Exception as e:

@@ -15,7 +15,7 @@ from tokenmill.server.echo import EchoPrompt, echo_delta, prompt_logprobs_json, 
 from tokenmill.server.errors import APIError
 from tokenmill.server.logprobs import completion_logprobs
 from tokenmill.server.protocol import CompletionRequest
-from tokenmill.server.serving import OpenAIServing, chunk, kv_transfer_field, usage
+from tokenmill.server.serving import OpenAIServing, chunk, continuous_usage, kv_transfer_field, usage
 from tokenmill.server.sse import DONE, EventStream, sse_json
 from tokenmill.server.structured_outputs import structured_outputs_of
 
@@ -86,6 +86,7 @@ class OpenAIServingCompletion(OpenAIServing):
     async def _stream(self, stream: RequestStream, ids: list[str], base: str, created: int,
                       req: CompletionRequest, echoes: list[EchoPrompt] | None) -> AsyncIterator[str]:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        continuous = continuous_usage(req)
         deltas = {rid: OutputDeltas() for rid in ids}
         index_of = {rid: p for p, rid in enumerate(ids)}
         offsets: dict[int, int] = {}
@@ -107,7 +108,7 @@ class OpenAIServingCompletion(OpenAIServing):
                             if choice is not None and req.return_token_ids:
                                 choice["token_ids"] = generated_ids
                             if choice is not None:
-                                yield chunk(head, [choice], include_usage)
+                                yield chunk(head, [choice], include_usage, [out] if continuous else None)
                 if include_usage:
                     yield sse_json({**head, "choices": [], "usage": usage([latest[i] for i in ids])})
             except Exception as e:

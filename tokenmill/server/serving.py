@@ -114,11 +114,9 @@ class OpenAIServing:
 
 
 def usage(outputs: list[RequestOutput]) -> dict:
-    prompt = sum(len(o.prompt_token_ids) for o in outputs)
-    completion = sum(len(c.token_ids) for o in outputs for c in o.outputs)
     cached = sum(o.num_cached_tokens for o in outputs)
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
-            "prompt_tokens_details": {"cached_tokens": cached}, "tokenmill": engine_usage(outputs)}
+    return {**running_usage(outputs), "prompt_tokens_details": {"cached_tokens": cached},
+            "tokenmill": engine_usage(outputs)}
 
 
 def engine_usage(outputs: list[RequestOutput]) -> dict:
@@ -163,9 +161,20 @@ def _logit_bias(bias: dict[str, float] | None) -> dict[int, float] | None:
         raise APIError(400, f"logit_bias keys must be token ids, got {list(bias)[:3]}", param="logit_bias") from None
 
 
-def chunk(head: dict, choices: list[dict], include_usage: bool) -> str:
-    """One streamed chunk; with include_usage every chunk but the last carries "usage": null."""
+def chunk(head: dict, choices: list[dict], include_usage: bool, running: list[RequestOutput] | None = None) -> str:
+    """One streamed chunk; with include_usage every chunk but the last carries "usage": null, or
+    with continuous_usage_stats (`running`: the outputs so far) the counts up to this chunk, as vLLM."""
     body = {**head, "choices": choices}
     if include_usage:
-        body["usage"] = None
+        body["usage"] = running_usage(running) if running else None
     return sse_json(body)
+
+
+def continuous_usage(req: CompletionRequest | ChatCompletionRequest) -> bool:
+    return bool(req.stream_options and req.stream_options.include_usage and req.stream_options.continuous_usage_stats)
+
+
+def running_usage(outputs: list[RequestOutput]) -> dict:
+    prompt = sum(len(o.prompt_token_ids) for o in outputs)
+    completion = sum(len(c.token_ids) for o in outputs for c in o.outputs)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
