@@ -98,10 +98,15 @@ def test_stop_token_ids(tiny_llm, alone, prompts):
     assert out.outputs[0].finish_reason == "stop" and out.outputs[0].stop_reason == stop_tok
 
 
-def test_bad_requests_fail_alone(tiny_llama):
+def test_bad_requests_fail_alone(tiny_llama, caplog, monkeypatch):
+    """vLLM raises for the batch; LLM answers the valid prompts and logs each refusal."""
+    import logging
+    monkeypatch.setattr(logging.getLogger("tokenmill"), "propagate", True)
     llm = LLM(str(tiny_llama), dtype="float32", kv_cache_memory_gb=0.02, max_model_len=64)
-    outs = llm.generate([{"prompt_token_ids": list(range(3, 80))}, {"prompt_token_ids": [5, 6]},
-                         {"prompt_token_ids": []}], SamplingParams(max_tokens=3, temperature=0), use_tqdm=False)
+    with caplog.at_level(logging.WARNING, logger="tokenmill.llm"):
+        outs = llm.generate([{"prompt_token_ids": list(range(3, 80))}, {"prompt_token_ids": [5, 6]},
+                             {"prompt_token_ids": []}], SamplingParams(max_tokens=3, temperature=0), use_tqdm=False)
+    assert "prompt 0 is refused" in caplog.text and "prompt 2 is refused" in caplog.text
     assert "maximum context length is 64 tokens" in outs[0].error and outs[0].outputs[0].finish_reason == "error"
     assert len(outs[1].outputs[0].token_ids) >= 1 and outs[1].error is None
     assert "must not be empty" in outs[2].error

@@ -1,6 +1,7 @@
 """LLM: the offline API (names follow vLLM)."""
 from __future__ import annotations
 
+import logging
 from typing import Any, Sequence
 
 from tqdm import tqdm
@@ -12,6 +13,8 @@ from tokenmill.engine.vllm_args import split_vllm_kwargs
 from tokenmill.inputs import PromptType
 from tokenmill.request import CompletionOutput, FinishReason, RequestOutput
 from tokenmill.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
 
 
 class LLM:
@@ -38,7 +41,8 @@ class LLM:
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
                  use_tqdm: bool = True) -> list[RequestOutput]:
         """A prompt that is invalid (too long, empty, ...) gets an output with `error` set and
-        finish_reason "error"; the others are generated normally."""
+        finish_reason "error", and a warning in the log (vLLM raises for the whole batch); the others
+        are generated normally."""
         if isinstance(prompts, (str, dict)) or (isinstance(prompts, list) and prompts
                                                  and isinstance(prompts[0], int)):
             prompts = [prompts]
@@ -57,7 +61,8 @@ class LLM:
                 order.append(rid)
                 try:
                     engine.add_request(rid, prompt, p)
-                except ValueError as e:
+                except ValueError as e:  # vLLM raises here; we answer the others and say so
+                    logger.warning("prompt %d is refused (its output has error set): %s", len(order) - 1, e)
                     results[rid] = _error_output(rid, prompt, str(e))
         except BaseException:
             for rid in order:  # nothing stays queued when the batch fails
