@@ -120,3 +120,29 @@ def test_logprob_entries_put_the_chosen_token_first(tiny_llm):
         assert others == sorted(others) and set(others) | {entry[token].rank} >= {1, 2, 3}
     for token, entry in zip(out.prompt_token_ids[1:], out.prompt_logprobs[1:]):
         assert next(iter(entry)) == token
+
+
+def test_bad_words_are_never_generated(tiny_llm):
+    """A word of one token and one of two (vLLM's rule: its last token is masked where the output
+    ends with the rest), found in the free greedy output, are absent once banned."""
+    tok = tiny_llm.get_tokenizer()
+    prompts = [[5, 6, 7, 8], [40, 41, 42], [100, 7, 300, 9]]
+    greedy = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True)
+    words = []
+    for out in tiny_llm.generate(prompts, greedy, use_tqdm=False):
+        ids = out.outputs[0].token_ids
+        for n in (1, 2):  # a word whose own encoding is the tokens the model produced
+            for j in range(len(ids) - n):
+                word = tok.decode(ids[j:j + n])
+                if word.strip() == word and word.isprintable() and tok.encode(word, add_special_tokens=False) \
+                        == ids[j:j + n]:
+                    words.append((out.prompt_token_ids, word, ids[j:j + n]))
+                    break
+    assert {len(seq) for _, _, seq in words} == {1, 2}
+    for prompt, word, seq in words:
+        params = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True, bad_words=[word])
+        got = tiny_llm.generate([prompt], params, use_tqdm=False)[0].outputs[0].token_ids
+        assert all(got[j:j + len(seq)] != seq for j in range(len(got))), (word, got)
+    assert params.bad_words_token_ids is None  # the caller's params are left as they were
+    with pytest.raises(ValueError, match="bad_words must be"):
+        SamplingParams(bad_words=[" "])

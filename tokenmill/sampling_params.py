@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 
@@ -65,6 +65,9 @@ class SamplingParams:
     structured_outputs: StructuredOutputsParams | None = None
     logit_bias: dict[int, float] | None = None  # token id -> added to its logit, in [-100, 100] (OpenAI)
     allowed_token_ids: list[int] | None = None  # only these may be sampled
+    bad_words: list[str] | None = None  # never generated, as words or inside text (vLLM's)
+    # filled by the engine from bad_words with its tokenizer (each word alone and after a space)
+    bad_words_token_ids: list[list[int]] | None = field(default=None, repr=False)
     # prefill/decode disaggregation (vLLM's field; see tokenmill/disagg/connector.py)
     kv_transfer_params: dict[str, Any] | None = None
     def __post_init__(self) -> None:
@@ -72,6 +75,7 @@ class SamplingParams:
         # None (what OpenAI-style clients send for "random"), logprobs True as 1 (False: none), top_k -1 as 0
         self.stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         self.stop_token_ids = list(dict.fromkeys(self.stop_token_ids or []))
+        self.bad_words = list(dict.fromkeys(self.bad_words or []))
         if self.seed == -1 and not isinstance(self.seed, bool):
             self.seed = None
         for name in ("logprobs", "prompt_logprobs"):
@@ -119,6 +123,8 @@ class SamplingParams:
         allowed = self.allowed_token_ids
         _check(allowed is None or isinstance(allowed, list) and allowed and all(_is_int(t) for t in allowed),
                "allowed_token_ids", allowed, "a non-empty list of token ids or None")
+        _check(all(isinstance(w, str) and w.strip() for w in self.bad_words), "bad_words", self.bad_words,
+               "non-empty strings")
         _check(self.structured_outputs is None or isinstance(self.structured_outputs, StructuredOutputsParams),
                "structured_outputs", self.structured_outputs, "a StructuredOutputsParams or None")
         # the grammar decides where a constrained output ends: a forbidden EOS could leave no token at all
@@ -147,8 +153,8 @@ class SamplingParams:
 
     @property
     def shapes_logits(self) -> bool:
-        """logit_bias or allowed_token_ids: the sampler changes this row's logits."""
-        return bool(self.logit_bias) or self.allowed_token_ids is not None
+        """logit_bias, allowed_token_ids or bad_words: the sampler changes this row's logits."""
+        return bool(self.logit_bias) or self.allowed_token_ids is not None or bool(self.bad_words_token_ids)
 
     @property
     def uses_penalties(self) -> bool:

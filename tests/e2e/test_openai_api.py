@@ -232,6 +232,15 @@ def test_logit_bias_through_the_api(client, server):
     for bias in ({"x": 1}, {"77": 500}, {"999999": 1}):
         e = httpx.post(server.url + "/v1/completions", json={"prompt": PROMPT, "logit_bias": bias}).json()["error"]
         assert e["param"] == "logit_bias", e
+    # vLLM's bad_words and allowed_token_ids reach the sampler too
+    free = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=4, temperature=0,
+                                     extra_body={"ignore_eos": True, "return_token_ids": True})
+    first = free.model_dump()["choices"][0]["token_ids"][0]
+    r = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=4, temperature=0, extra_body={
+        "ignore_eos": True, "return_token_ids": True, "allowed_token_ids": [first, 77]})
+    assert set(r.model_dump()["choices"][0]["token_ids"]) <= {first, 77}
+    e = httpx.post(server.url + "/v1/completions", json={"prompt": PROMPT, "bad_words": [""]}).json()["error"]
+    assert e["param"] == "bad_words", e
 
 
 @pytest.mark.parametrize("endpoint", ["completions", "chat"])

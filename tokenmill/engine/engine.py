@@ -72,6 +72,19 @@ class _Parent:
         return self.num_finished == len(self.samples)
 
 
+def bad_words_token_ids(tokenizer, words: list[str]) -> list[list[int]]:
+    """Each bad word's token ids alone and, where a leading space makes a different token of the
+    same length, after a space (mid-text), as vLLM bans them."""
+    out = []
+    for word in words:
+        alone = tokenizer.encode(word.lstrip(), add_special_tokens=False)
+        spaced = tokenizer.encode(" " + word.lstrip(), add_special_tokens=False)
+        out.append(alone)
+        if spaced and spaced[0] != alone[0] and len(spaced) == len(alone):
+            out.append(spaced)
+    return out
+
+
 def freeze_startup_heap() -> None:
     """Move every object alive after loading (torch, transformers, the model: ~600k objects) out
     of the collector's reach, as vLLM does. Otherwise each full collection, which bursts of small
@@ -161,7 +174,7 @@ class LLMEngine:
         naming the field) and adds nothing when the request is invalid."""
         if self.is_sleeping:
             raise EngineSleepingError("the engine is sleeping (its KV cache is released): POST /wake_up first")
-        params = self._with_model_eos(params or SamplingParams())
+        params = self._engine_params(params or SamplingParams())
         request_id = request_id if request_id is not None else self.next_request_id()
         if request_id in self.parents:
             raise RequestValidationError(f"request_id {request_id!r} is already in use", "request_id")
@@ -191,11 +204,15 @@ class LLMEngine:
                                           max_tokens))
         return request_id
 
-    def _with_model_eos(self, params: SamplingParams) -> SamplingParams:
+    def _engine_params(self, params: SamplingParams) -> SamplingParams:
+        """What the engine adds to a request's params: the model's other end ids, bad words' token ids."""
         missing = [t for t in self.extra_eos_ids if t not in params.stop_token_ids]
-        if not missing or params.ignore_eos:
-            return params
-        return dataclasses.replace(params, stop_token_ids=params.stop_token_ids + missing)
+        if missing and not params.ignore_eos:
+            params = dataclasses.replace(params, stop_token_ids=params.stop_token_ids + missing)
+        if params.bad_words and params.bad_words_token_ids is None:
+            params = dataclasses.replace(params, bad_words_token_ids=bad_words_token_ids(self.tokenizer,
+                                                                                         params.bad_words))
+        return params
 
     def _tokenize(self, prompt) -> tuple[str | None, list[int]]:
         """A prompt is text, token ids, or a dict with "prompt" and/or "prompt_token_ids" (both:

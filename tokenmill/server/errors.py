@@ -25,7 +25,7 @@ logger = logging.getLogger("tokenmill.server")
 # The request field a SamplingParams/engine ValueError is about: its message starts with the name.
 _PARAM_NAMES = {"n", "temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
                 "repetition_penalty", "max_tokens", "min_tokens", "logprobs", "prompt_logprobs", "stop", "seed",
-                "stop_token_ids", "prompt", "prompt_token_ids", "request", "logit_bias", "allowed_token_ids"}
+                "stop_token_ids", "prompt", "prompt_token_ids", "request", "logit_bias", "allowed_token_ids", "bad_words"}
 _PARAM_RENAMES = {"prompt_token_ids": "prompt", "request": "max_tokens"}  # "request needs up to N tokens"
 _HTTP_CODES = {404: ("not_found_error", "not_found"), 405: ("invalid_request_error", "method_not_allowed")}
 

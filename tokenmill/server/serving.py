@@ -78,7 +78,7 @@ class OpenAIServing:
                                       include_stop_str_in_output=req.include_stop_str_in_output, logprobs=logprobs,
                                       structured_outputs=structured, prompt_logprobs=prompt_logprobs,
                                       kv_transfer_params=req.kv_transfer_params, logit_bias=_logit_bias(req.logit_bias),
-                                      allowed_token_ids=req.allowed_token_ids)
+                                      allowed_token_ids=req.allowed_token_ids, bad_words=req.bad_words)
         # a field the request leaves unset takes the model's default (generation_config.json), as vLLM
         defaults = self.engine.generation_defaults
         kwargs.update({name: defaults[name] for name in _SAMPLING_FIELDS if name in defaults})

@@ -147,10 +147,15 @@ def _apply_penalties(logits: torch.Tensor, reqs: list[SamplingRequest]) -> torch
 
 
 def _bias_and_allow(logits: torch.Tensor, reqs: list[SamplingRequest]) -> torch.Tensor:
-    """OpenAI's logit_bias (added to the logits) and vLLM's allowed_token_ids (every other token
-    masked), per row; `logits` is the caller's copy."""
+    """OpenAI's logit_bias (added to the logits), vLLM's allowed_token_ids (every other token
+    masked) and bad_words (a word's last token masked where the output ends with the rest of it),
+    per row; `logits` is the caller's copy."""
     for i, r in enumerate(reqs):
         p = r.params
+        for word in p.bad_words_token_ids or ():
+            *head, last = word
+            if not head or r.output_token_ids[-len(head):] == head:
+                logits[i, last] = float("-inf")
         if p.allowed_token_ids is not None:
             keep = torch.tensor(p.allowed_token_ids)
             row = torch.full_like(logits[i], float("-inf"))
