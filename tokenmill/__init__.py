@@ -3,7 +3,7 @@ from importlib.metadata import PackageNotFoundError, version
 
 from tokenmill import logger as _logger
 from tokenmill.request import CompletionOutput, RequestOutput
-from tokenmill.sampling_params import SamplingParams, StructuredOutputsParams
+from tokenmill.sampling_params import BeamSearchParams, SamplingParams, StructuredOutputsParams
 
 try:
     __version__ = version("tokenmill")
@@ -24,5 +24,5 @@ def __getattr__(name: str):
     raise AttributeError(name)
 
 
-__all__ = ["__version__", "LLM", "LLMEngine", "SamplingParams", "StructuredOutputsParams", "RequestOutput",
+__all__ = ["__version__", "LLM", "LLMEngine", "SamplingParams", "BeamSearchParams", "StructuredOutputsParams", "RequestOutput",
            "CompletionOutput"]

@@ -6,13 +6,14 @@ from typing import Any, Sequence
 
 from tqdm import tqdm
 
+from tokenmill.beam_search import BeamSearchOutput, beam_search
 from tokenmill.config import EngineConfig
 from tokenmill.engine.chat_template import apply_chat_template, join_text_parts
 from tokenmill.engine.engine import LLMEngine
 from tokenmill.engine.vllm_args import split_vllm_kwargs
 from tokenmill.inputs import PromptType
 from tokenmill.request import CompletionOutput, FinishReason, RequestOutput
-from tokenmill.sampling_params import SamplingParams
+from tokenmill.sampling_params import BeamSearchParams, SamplingParams
 
 logger = logging.getLogger(__name__)
 
@@ -114,6 +115,21 @@ class LLM:
             prompts.append({"prompt_token_ids": apply_chat_template(tok, conv, template, add_generation_prompt,
                                                                      kwargs, tools)})
         return self.generate(prompts, sampling_params, use_tqdm)
+
+    def beam_search(self, prompts: Sequence[PromptType], params: BeamSearchParams,
+                    use_tqdm: bool = False) -> list[BeamSearchOutput]:
+        """vLLM's beam search (tokenmill/beam_search.py): the beam_width best sequences per prompt."""
+        tok = self.get_tokenizer()
+        ids = []
+        for i, p in enumerate(prompts):
+            if isinstance(p, dict):
+                p = p["prompt_token_ids"] if "prompt_token_ids" in p else p.get("prompt")
+            if isinstance(p, str):
+                p = tok.encode(p, add_special_tokens=True)
+            if not isinstance(p, (list, tuple)) or not p:
+                raise ValueError(f"prompts[{i}] must be a non-empty string, token ids or a prompt dict")
+            ids.append(list(p))
+        return beam_search(self, ids, params)
 
     def reset_prefix_cache(self) -> bool:
         return self.llm_engine.reset_prefix_cache()

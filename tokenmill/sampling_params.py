@@ -162,6 +162,28 @@ class SamplingParams:
                 or self.repetition_penalty != 1.0)
 
 
+@dataclass
+class BeamSearchParams:
+    """LLM.beam_search's parameters (vLLM's; tokenmill/beam_search.py)."""
+    beam_width: int
+    max_tokens: int
+    ignore_eos: bool = False
+    temperature: float = 0.0  # of each step's drawn token (one more candidate); logprobs stay the raw model's
+    length_penalty: float = 1.0
+    include_stop_str_in_output: bool = False  # vLLM's field; beams end on end ids only
+    skip_special_tokens: bool = True
+
+    def __post_init__(self) -> None:
+        most = MAX_LOGPROBS // 2
+        if not (isinstance(self.beam_width, int) and 1 <= self.beam_width <= most):
+            raise ValueError(f"beam_width must be an integer in [1, {most}] (2 x beam_width alternatives per step, "
+                             f"at most {MAX_LOGPROBS} logprobs), got {self.beam_width!r}")
+        if not (isinstance(self.max_tokens, int) and self.max_tokens >= 1):
+            raise ValueError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
+        if not (isinstance(self.temperature, (int, float)) and self.temperature >= 0):
+            raise ValueError(f"temperature must be a number >= 0, got {self.temperature!r}")
+
+
 def _is_int(x: object) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
