@@ -60,7 +60,7 @@ class ScriptedEngine:
         rid = self.current
         if last:
             self.current = None
-        return [RequestOutput(rid, None, [], [out], finished=last)]
+        return [RequestOutput(rid, None, [], None, [out], finished=last)]
 
 
 def _session(pieces, **kw) -> tuple[ChatSession, ScriptedEngine]:

@@ -99,7 +99,7 @@ class _FixedLLM:
     def generate(self, prompts, params, use_tqdm=False):
         self.prompts = prompts
         assert params.temperature == 0 and params.stop == ["\n"]
-        return [RequestOutput(str(i), p, [], [CompletionOutput(0, t, [])], True)
+        return [RequestOutput(str(i), p, [], None, [CompletionOutput(0, t, [])], True)
                 for i, (p, t) in enumerate(zip(prompts, self.texts))]
 
 

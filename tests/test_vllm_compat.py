@@ -146,3 +146,11 @@ def test_bad_words_are_never_generated(tiny_llm):
     assert params.bad_words_token_ids is None  # the caller's params are left as they were
     with pytest.raises(ValueError, match="bad_words must be"):
         SamplingParams(bad_words=[" "])
+
+
+def test_request_output_positional_order_is_vllms():
+    """Code that builds outputs positionally (mocks, adapters) as vLLM's RequestOutput(request_id,
+    prompt, prompt_token_ids, prompt_logprobs, outputs, finished)."""
+    from tokenmill import CompletionOutput, RequestOutput
+    out = RequestOutput("r", "hi", [1, 2], None, [CompletionOutput(0, "x", [3])], True)
+    assert (out.prompt_logprobs, out.outputs[0].text, out.finished) == (None, "x", True)

@@ -148,5 +148,5 @@ def _check_types(prompts: Sequence, params: Sequence) -> None:
 def _error_output(rid: str, prompt, message: str) -> RequestOutput:
     text = prompt if isinstance(prompt, str) else None
     ids = list(prompt) if isinstance(prompt, list) else []
-    return RequestOutput(rid, text, ids, [CompletionOutput(0, "", [], finish_reason=FinishReason.ERROR.value)],
+    return RequestOutput(rid, text, ids, None, [CompletionOutput(0, "", [], finish_reason=FinishReason.ERROR.value)],
                          finished=True, error=message)

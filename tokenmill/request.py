@@ -177,15 +177,16 @@ class RequestMetrics:
 
 @dataclass
 class RequestOutput:
+    # vLLM's order of the positional fields
     request_id: str
     prompt: str | None
     prompt_token_ids: list[int]
+    # with SamplingParams.prompt_logprobs: None for the first prompt token, then one entry per token
+    prompt_logprobs: list[dict[int, Logprob] | None] | None
     outputs: list[CompletionOutput]
     finished: bool
-    num_cached_tokens: int = 0
     metrics: RequestMetrics | None = None
+    num_cached_tokens: int = 0
     error: str | None = None
-    # with SamplingParams.prompt_logprobs: None for the first prompt token, then one entry per token
-    prompt_logprobs: list[dict[int, Logprob] | None] | None = None
     # a prefill engine's hand-over: what the decode engine needs to load this request's KV
     kv_transfer_params: dict | None = None

@@ -348,9 +348,9 @@ class LLMEngine:
                                      sum(e.num_preemptions for e in evs), spec_stats,
                                      prefill_device_seconds=sum(e.prefill_device_seconds for e in evs),
                                      decode_device_seconds=sum(e.decode_device_seconds for e in evs))
-        return RequestOutput(parent.request_id, parent.prompt, parent.prompt_token_ids, outs,
+        return RequestOutput(parent.request_id, parent.prompt, parent.prompt_token_ids, parent.prompt_logprobs, outs,
                              finished=parent.finished, num_cached_tokens=parent.samples[0].num_cached_tokens,
-                             metrics=metrics, prompt_logprobs=parent.prompt_logprobs,
+                             metrics=metrics,
                              kv_transfer_params=parent.samples[0].kv_transfer_params)
 
     def _completion(self, s: _Sample) -> CompletionOutput:
