@@ -70,6 +70,7 @@ class SamplingParams:
     bad_words_token_ids: list[list[int]] | None = field(default=None, repr=False)
     # prefill/decode disaggregation (vLLM's field; see tokenmill/disagg/connector.py)
     kv_transfer_params: dict[str, Any] | None = None
+
     def __post_init__(self) -> None:
         # vLLM's normalisations: stop and stop_token_ids as lists (ids without repeats), seed -1 as
         # None (what OpenAI-style clients send for "random"), logprobs True as 1 (False: none), top_k -1 as 0

@@ -124,8 +124,10 @@ def test_api_key_and_body_cap(strict_server):
 
 
 def test_refusals_reach_a_keep_alive_client_whose_body_is_large(strict_server):
-    """A 413 or 401 sent before the body is read arrives, rather than a connection reset (the
-    server reads and drops the rest of the body before it answers and closes)."""
+    """A 413 sent before the body is read arrives, rather than a connection reset (the server reads
+    and drops the rest of the body, up to 32 MiB, before it answers and closes; a refusal for another
+    reason drops at most the body cap). A reset seen by the QA probe was not reproduced on machine C,
+    so this guards the behaviour rather than proving the cause."""
     url = strict_server.url
     big = json.dumps({"prompt": "x" * 8_000_000}).encode()
     with httpx.Client(timeout=30) as client:
@@ -133,8 +135,6 @@ def test_refusals_reach_a_keep_alive_client_whose_body_is_large(strict_server):
             assert client.get(url + "/health").status_code == 200  # the connection is open and idle
             _assert_error(client.post(url + "/v1/completions", content=big, headers={**AUTH, "Content-Type":
                                       "application/json"}), 413, code="request_too_large")
-            _assert_error(client.post(url + "/v1/completions", content=big,
-                                      headers={"Content-Type": "application/json"}), 401, code="invalid_api_key")
 
 
 def _metrics(url: str) -> dict[str, float]:

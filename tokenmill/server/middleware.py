@@ -47,8 +47,8 @@ class GuardMiddleware:
         err = self._refusal(scope["path"], headers)
         has_body = scope.get("method") in _BODY_METHODS
         if err is not None:
-            if has_body:
-                await _drop_body(receive, headers)
+            if has_body:  # a stranger's body costs us no more than an accepted one may
+                await _drop_body(receive, headers, limit=self.state.max_request_body_bytes)
             await send_error(send, err)
             return
         if has_body:
@@ -118,13 +118,15 @@ class GuardMiddleware:
 _DROP_LIMIT = 32 * 2**20
 
 
-async def _drop_body(receive: Receive, headers: dict[bytes, bytes], received: int = 0) -> None:
-    """Read the rest of a body nobody will use. Closing a connection whose request still has bytes
-    unread makes the kernel reset it, and a keep-alive client then gets "connection reset" instead
-    of our 413/429. A client that waits for "100 Continue" has sent nothing: left alone."""
+async def _drop_body(receive: Receive, headers: dict[bytes, bytes], received: int = 0,
+                     limit: int = _DROP_LIMIT) -> None:
+    """Read the rest of a body nobody will use (up to `limit` bytes). Closing a connection whose
+    request still has bytes unread makes the kernel reset it, and a keep-alive client then gets
+    "connection reset" instead of our 413/429. A client that waits for "100 Continue" has sent
+    nothing: left alone."""
     if headers.get(b"expect", b"").lower() == b"100-continue":
         return
-    while received <= _DROP_LIMIT:
+    while received <= limit:
         message = await receive()
         if message["type"] == "http.disconnect":
             return
