@@ -126,3 +126,28 @@ def test_our_events_escape_what_line_splitters_cut_at():
     assert json.loads(data) == obj
     assert len(data.splitlines()) == 1 and not set(data) & set(BREAKERS)
     assert "é 中" in data  # everything else stays unescaped UTF-8
+
+
+def test_the_fleet_router_asks_for_running_counts_only_for_a_client_that_wants_usage():
+    """The router always asks its replica for usage (the ledger bills it); running counts in every
+    chunk (continuous_usage_stats) only reach a client that asked for usage itself."""
+    sent_up = []
+
+    def replica(request):
+        sent_up.append(json.loads(request.content)["stream_options"])
+        return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=BODY.encode())
+
+    lease = SimpleNamespace(replica=SimpleNamespace(url="http://replica", name="r0"), pool=SimpleNamespace(name="p"),
+                            decision=SimpleNamespace(reason=SimpleNamespace(value="only")))
+
+    async def on_done(usage, status, seconds):
+        pass
+
+    async def main(options):
+        async with httpx.AsyncClient(transport=httpx.MockTransport(replica)) as client:
+            resp = await forward(client, lease, "/v1/completions", {"stream": True, "prompt": "hi",
+                                                                     "stream_options": options}, {}, on_done)
+            return "".join([piece async for piece in resp.body_iterator])
+    asyncio.run(main({"continuous_usage_stats": True}))
+    asyncio.run(main({"continuous_usage_stats": True, "include_usage": True}))
+    assert sent_up == [{"include_usage": True}, {"continuous_usage_stats": True, "include_usage": True}]

@@ -154,3 +154,17 @@ def test_request_output_positional_order_is_vllms():
     from tokenmill import CompletionOutput, RequestOutput
     out = RequestOutput("r", "hi", [1, 2], None, [CompletionOutput(0, "x", [3])], True)
     assert (out.prompt_logprobs, out.outputs[0].text, out.finished) == (None, "x", True)
+
+
+def test_review_findings_caps_seeds_and_string_bad_words(tiny_llm):
+    from tokenmill.sampling_params import MAX_BAD_WORDS, MAX_LOGIT_BIAS
+    with pytest.raises(ValueError, match=f"bad_words must be at most {MAX_BAD_WORDS}"):
+        SamplingParams(bad_words=[f"w{i}" for i in range(MAX_BAD_WORDS + 1)])
+    with pytest.raises(ValueError, match=f"logit_bias must be a dict of at most {MAX_LOGIT_BIAS}"):
+        SamplingParams(logit_bias={i: 1.0 for i in range(MAX_LOGIT_BIAS + 1)})
+    assert SamplingParams(bad_words="damn").bad_words == ["damn"]
+    assert SamplingParams(allowed_token_ids=[3, 3, 4]).allowed_token_ids == [3, 4]
+    # n samples of a seeded request draw from seed + i, a sample whose seed is -1 included
+    p = SamplingParams(n=3, seed=-2, max_tokens=6, temperature=1.0, ignore_eos=True)
+    runs = [[c.token_ids for c in tiny_llm.generate([[5, 6, 7]], p, use_tqdm=False)[0].outputs] for _ in range(2)]
+    assert runs[0] == runs[1]

@@ -7,6 +7,10 @@ from typing import Any
 
 
 MAX_LOGPROBS = 20  # top alternatives per token, for logprobs and prompt_logprobs (vLLM's default cap)
+# The sampler works on these per row and step, and bad words are tokenized on the engine thread:
+# unbounded lists from one request would slow every step of the batch (50k bad words: +15 ms a step).
+MAX_BAD_WORDS = 64
+MAX_LOGIT_BIAS = 1024
 
 
 @dataclass
@@ -65,7 +69,7 @@ class SamplingParams:
     structured_outputs: StructuredOutputsParams | None = None
     logit_bias: dict[int, float] | None = None  # token id -> added to its logit, in [-100, 100] (OpenAI)
     allowed_token_ids: list[int] | None = None  # only these may be sampled
-    bad_words: list[str] | None = None  # never generated, as words or inside text (vLLM's)
+    bad_words: list[str] | None = None  # their own tokenizations (alone, after a space) are banned (vLLM's)
     # filled by the engine from bad_words with its tokenizer (each word alone and after a space)
     bad_words_token_ids: list[list[int]] | None = field(default=None, repr=False)
     # prefill/decode disaggregation (vLLM's field; see tokenmill/disagg/connector.py)
@@ -76,7 +80,10 @@ class SamplingParams:
         # None (what OpenAI-style clients send for "random"), logprobs True as 1 (False: none), top_k -1 as 0
         self.stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         self.stop_token_ids = list(dict.fromkeys(self.stop_token_ids or []))
-        self.bad_words = list(dict.fromkeys(self.bad_words or []))
+        words = self.bad_words
+        self.bad_words = [words] if isinstance(words, str) else list(dict.fromkeys(words or []))
+        if isinstance(self.allowed_token_ids, list):
+            self.allowed_token_ids = list(dict.fromkeys(self.allowed_token_ids))
         if self.seed == -1 and not isinstance(self.seed, bool):
             self.seed = None
         for name in ("logprobs", "prompt_logprobs"):
@@ -120,12 +127,13 @@ class SamplingParams:
         bias = self.logit_bias
         _check(bias is None or isinstance(bias, dict) and all(
             _is_int(t) and isinstance(v, (int, float)) and not isinstance(v, bool) and -100 <= v <= 100
-            for t, v in bias.items()), "logit_bias", bias, "a dict of token id -> bias in [-100, 100]")
+            for t, v in bias.items()) and len(bias) <= MAX_LOGIT_BIAS, "logit_bias", _short(bias),
+               f"a dict of at most {MAX_LOGIT_BIAS} token id -> bias in [-100, 100]")
         allowed = self.allowed_token_ids
         _check(allowed is None or isinstance(allowed, list) and allowed and all(_is_int(t) for t in allowed),
                "allowed_token_ids", allowed, "a non-empty list of token ids or None")
-        _check(all(isinstance(w, str) and w.strip() for w in self.bad_words), "bad_words", self.bad_words,
-               "non-empty strings")
+        _check(all(isinstance(w, str) and w.strip() for w in self.bad_words) and len(self.bad_words) <= MAX_BAD_WORDS,
+               "bad_words", _short(self.bad_words), f"at most {MAX_BAD_WORDS} non-empty strings")
         _check(self.structured_outputs is None or isinstance(self.structured_outputs, StructuredOutputsParams),
                "structured_outputs", self.structured_outputs, "a StructuredOutputsParams or None")
         # the grammar decides where a constrained output ends: a forbidden EOS could leave no token at all
@@ -183,6 +191,13 @@ class BeamSearchParams:
             raise ValueError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
         if not (isinstance(self.temperature, (int, float)) and self.temperature >= 0):
             raise ValueError(f"temperature must be a number >= 0, got {self.temperature!r}")
+
+
+def _short(value: object) -> object:
+    """A long list or dict, shortened for an error message."""
+    if isinstance(value, (list, dict)) and len(value) > 8:
+        return f"{type(value).__name__} of {len(value)} entries"
+    return value
 
 
 def _is_int(x: object) -> bool:

@@ -66,7 +66,7 @@ class IncrementalDetokenizer:
         st.text += delta
         if not check_stops:
             return delta
-        # a stop string must end in the new text: text produced before checks began is never cut
+        # a stop string must end in the new text (it may begin up to len(stop) - 1 characters before it)
         found = [(i, stop) for stop in st.stops if (i := st.text.find(stop, max(0, old_len - len(stop) + 1))) != -1]
         if found:
             i, st.stop_hit = min(found)

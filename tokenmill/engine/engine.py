@@ -4,6 +4,7 @@ RequestOutputs users see, and the stat loggers. The core owns the step, the sche
 and the request lifecycle; the ModelRunner is its executor."""
 from __future__ import annotations
 
+import copy
 import dataclasses
 import gc
 import itertools
@@ -193,7 +194,8 @@ class LLMEngine:
             # sample i of a seeded request draws from seed + i: distinct, reproducible samples
             child_params = params
             if params.seed is not None and params.n > 1:
-                child_params = dataclasses.replace(params, n=1, seed=params.seed + i)
+                child_params = copy.copy(params)  # not replace(): its __post_init__ would read seed -1 as None
+                child_params.n, child_params.seed = 1, params.seed + i
             detok = self.detokenizer.start(token_ids, params.stop_list, params.skip_special_tokens)
             sample = _Sample(rid, i, child_params, detok, logprobs=[] if params.logprobs is not None else None)
             parent.samples.append(sample)

@@ -61,6 +61,8 @@ async def _forward_stream(client: httpx.AsyncClient, lease: Lease, path: str, bo
                           on_done: OnDone, start: float) -> Response:
     options = dict(body.get("stream_options") or {})
     client_wants_usage = bool(options.get("include_usage"))
+    if not client_wants_usage:  # running counts in every chunk only for a client that asked for usage
+        options.pop("continuous_usage_stats", None)
     upstream = {**body, "stream_options": {**options, "include_usage": True}}
     try:
         resp = await client.send(client.build_request("POST", lease.replica.url + path, json=upstream, headers=fwd),

@@ -1,7 +1,8 @@
 """GuardMiddleware: request id echo, the header cap (431), the API key (every route but /health and /ping, and
 /metrics with public_metrics), the draining 503 on /v1, the full-queue 429 on the generation routes
-(shed before the body is read: under overload a refusal must cost the engine thread, which shares
-the GIL with this loop, as little as possible) and the request-body cap (413).
+(shed before the body is parsed: under overload a refusal must cost the engine thread, which shares
+the GIL with this loop, as little as possible; its bytes are only read and dropped, up to the body
+cap, so the client gets the answer rather than a reset) and the request-body cap (413).
 
 Pure ASGI rather than Starlette's BaseHTTPMiddleware: it never buffers responses, so SSE streams
 pass straight through.

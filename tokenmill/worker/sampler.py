@@ -38,9 +38,11 @@ class Sampler:
     def __init__(self, vocab_size: int) -> None:
         self.vocab_size = vocab_size
         self.generators: dict[str, torch.Generator] = {}
+        self.allowed: dict[str, torch.Tensor] = {}  # allowed_token_ids as a tensor, built once per request
 
     def forget(self, request_id: str) -> None:
         self.generators.pop(request_id, None)
+        self.allowed.pop(request_id, None)
 
     def generator(self, req: SamplingRequest) -> torch.Generator:
         gen = self.generators.get(req.request_id)
@@ -94,7 +96,7 @@ class Sampler:
         if any(r.params.uses_penalties for r in reqs):
             logits = _apply_penalties(logits.clone(), reqs)
         if any(r.params.shapes_logits for r in reqs):
-            logits = _bias_and_allow(logits.clone(), reqs)
+            logits = _bias_and_allow(logits.clone(), reqs, self.allowed)
         return _mask_until_min_tokens(logits, reqs)
 
     def probs(self, logits: torch.Tensor, reqs: list[SamplingRequest]) -> torch.Tensor:
@@ -146,7 +148,8 @@ def _apply_penalties(logits: torch.Tensor, reqs: list[SamplingRequest]) -> torch
     return logits - freq * counts - pres * (counts > 0).to(logits.dtype)
 
 
-def _bias_and_allow(logits: torch.Tensor, reqs: list[SamplingRequest]) -> torch.Tensor:
+def _bias_and_allow(logits: torch.Tensor, reqs: list[SamplingRequest],
+                    allowed: dict[str, torch.Tensor]) -> torch.Tensor:
     """OpenAI's logit_bias (added to the logits), vLLM's allowed_token_ids (every other token
     masked) and bad_words (a word's last token masked where the output ends with the rest of it),
     per row; `logits` is the caller's copy."""
@@ -157,7 +160,9 @@ def _bias_and_allow(logits: torch.Tensor, reqs: list[SamplingRequest]) -> torch.
             if not head or r.output_token_ids[-len(head):] == head:
                 logits[i, last] = float("-inf")
         if p.allowed_token_ids is not None:
-            keep = torch.tensor(p.allowed_token_ids)
+            keep = allowed.get(r.request_id)
+            if keep is None:
+                keep = allowed[r.request_id] = torch.tensor(p.allowed_token_ids)
             row = torch.full_like(logits[i], float("-inf"))
             row[keep] = logits[i, keep]
             logits[i] = row
