@@ -119,17 +119,7 @@ class LLM:
     def beam_search(self, prompts: Sequence[PromptType], params: BeamSearchParams,
                     use_tqdm: bool = False) -> list[BeamSearchOutput]:
         """vLLM's beam search (tokenmill/beam_search.py): the beam_width best sequences per prompt."""
-        tok = self.get_tokenizer()
-        ids = []
-        for i, p in enumerate(prompts):
-            if isinstance(p, dict):
-                p = p["prompt_token_ids"] if "prompt_token_ids" in p else p.get("prompt")
-            if isinstance(p, str):
-                p = tok.encode(p, add_special_tokens=True)
-            if not isinstance(p, (list, tuple)) or not p:
-                raise ValueError(f"prompts[{i}] must be a non-empty string, token ids or a prompt dict")
-            ids.append(list(p))
-        return beam_search(self, ids, params)
+        return beam_search(self, [self.llm_engine.tokenize_prompt(p)[1] for p in prompts], params)
 
     def reset_prefix_cache(self) -> bool:
         return self.llm_engine.reset_prefix_cache()

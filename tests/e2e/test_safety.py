@@ -123,20 +123,6 @@ def test_api_key_and_body_cap(strict_server):
     _assert_error(r, 431, code="request_header_fields_too_large")
 
 
-def test_refusals_reach_a_keep_alive_client_whose_body_is_large(strict_server):
-    """A 413 sent before the body is read arrives, rather than a connection reset (the server reads
-    and drops the rest of the body, up to 32 MiB, before it answers and closes; a refusal for another
-    reason drops at most the body cap). A reset seen by the QA probe was not reproduced on machine C,
-    so this guards the behaviour rather than proving the cause."""
-    url = strict_server.url
-    big = json.dumps({"prompt": "x" * 8_000_000}).encode()
-    with httpx.Client(timeout=30) as client:
-        for _ in range(3):
-            assert client.get(url + "/health").status_code == 200  # the connection is open and idle
-            _assert_error(client.post(url + "/v1/completions", content=big, headers={**AUTH, "Content-Type":
-                                      "application/json"}), 413, code="request_too_large")
-
-
 def _metrics(url: str) -> dict[str, float]:
     text = httpx.get(url + "/metrics").text
     out = {}

@@ -19,7 +19,7 @@ from tokenmill.core.outputs import EngineCoreOutput, IterationStats, PromptLogpr
 from tokenmill.engine.detokenizer import DetokState, IncrementalDetokenizer
 from tokenmill.engine.ended_usage import EndedUsage, RecentMap
 from tokenmill.engine.errors import EngineSleepingError
-from tokenmill.engine.generation_config import generation_eos_ids, load_generation_config
+from tokenmill.engine.generation_config import eos_ids, read_generation_config, sampling_defaults
 from tokenmill.engine.resolve import resolve_config
 from tokenmill.engine.tokenizer import load_tokenizer
 from tokenmill.engine.validation import RequestValidationError, check_request, check_structured_outputs
@@ -111,9 +111,10 @@ class LLMEngine:
             self.eos_token_id = cfg.model.arch.eos_token_ids[0]
         # the model's other end ids (generation_config.json, else config.json, as vLLM) end a
         # sample as stop token ids do; its sampling keys are LLM's defaults
-        model_eos = generation_eos_ids(cfg.model.path) or list(cfg.model.arch.eos_token_ids)
+        generation_config = read_generation_config(cfg.model.path)
+        model_eos = eos_ids(generation_config) or list(cfg.model.arch.eos_token_ids)
         self.extra_eos_ids = sorted({t for t in model_eos if t != self.eos_token_id and 0 <= t < self.vocab_size})
-        self.generation_defaults = load_generation_config(cfg.model.path)
+        self.generation_defaults = sampling_defaults(generation_config)
         self.parents: dict[str, _Parent] = {}
         self._samples: dict[str, tuple[_Parent, _Sample]] = {}  # core request id -> its parent and sample
         self.stat_loggers: list[StatLogger] = []
@@ -179,7 +180,7 @@ class LLMEngine:
         request_id = request_id if request_id is not None else self.next_request_id()
         if request_id in self.parents:
             raise RequestValidationError(f"request_id {request_id!r} is already in use", "request_id")
-        text, token_ids = self._tokenize(prompt)
+        text, token_ids = self.tokenize_prompt(prompt)
         max_tokens = check_request(token_ids, params, self.vocab_size, self.max_model_len, self.kv_capacity_tokens,
                                    self.clamp_max_tokens)
         if params.max_tokens is None and "max_tokens" in self.generation_defaults:  # the model's max_new_tokens
@@ -216,7 +217,7 @@ class LLMEngine:
                                                                                          params.bad_words))
         return params
 
-    def _tokenize(self, prompt) -> tuple[str | None, list[int]]:
+    def tokenize_prompt(self, prompt) -> tuple[str | None, list[int]]:
         """A prompt is text, token ids, or a dict with "prompt" and/or "prompt_token_ids" (both:
         the ids are used, the text is kept for the output)."""
         text = None

@@ -31,18 +31,19 @@ _INT_FIELDS = frozenset({"top_k", "max_tokens"})
 def load_generation_config(model_path: str | Path | None) -> dict[str, Any]:
     """SamplingParams keyword arguments set by `model_path`/generation_config.json; {} when the
     folder has none, the file is unreadable, or it sets no sampling key."""
-    return sampling_defaults(_read(model_path))
+    return sampling_defaults(read_generation_config(model_path))
 
 
-def generation_eos_ids(model_path: str | Path | None) -> list[int]:
-    """The end-of-sequence ids generation_config.json lists (one or several: Llama 3 ends a turn
-    with <|eot_id|>, Qwen with <|im_end|>, besides the tokenizer's eos); [] without the file."""
-    eos = _read(model_path).get("eos_token_id")
+def eos_ids(raw: dict[str, Any]) -> list[int]:
+    """The end-of-sequence ids a parsed generation config lists (one or several: Llama 3 ends a
+    turn with <|eot_id|>, Qwen with <|im_end|>, besides the tokenizer's eos)."""
+    eos = raw.get("eos_token_id")
     ids = [eos] if isinstance(eos, int) else eos if isinstance(eos, list) else []
     return [i for i in ids if isinstance(i, int) and not isinstance(i, bool) and i >= 0]
 
 
-def _read(model_path: str | Path | None) -> dict[str, Any]:
+def read_generation_config(model_path: str | Path | None) -> dict[str, Any]:
+    """The parsed file; {} when there is none or it is unreadable."""
     if model_path is None:
         return {}
     path = Path(model_path) / GENERATION_CONFIG_FILE

@@ -10,6 +10,8 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+from tokenmill.sampling_params import MAX_LOGPROBS
+
 logger = logging.getLogger(__name__)
 
 # argument -> its vLLM default: other values are accepted with a warning that they do nothing here
@@ -58,9 +60,9 @@ def split_vllm_kwargs(kwargs: dict[str, Any]) -> tuple[dict[str, Any], LLMOption
         value = kwargs.pop("kv_cache_memory_bytes")
         if value is not None:
             kwargs.setdefault("kv_cache_memory_gb", value / 2**30)
-    max_logprobs = kwargs.pop("max_logprobs", 20)
-    if max_logprobs != 20:
-        logger.warning("max_logprobs=%r is not supported: at most 20 logprobs per token", max_logprobs)
+    max_logprobs = kwargs.pop("max_logprobs", MAX_LOGPROBS)
+    if max_logprobs != MAX_LOGPROBS:
+        logger.warning("max_logprobs=%r is not supported: at most %d logprobs per token", max_logprobs, MAX_LOGPROBS)
     for name, default in _NO_EFFECT.items():
         if name in kwargs and kwargs.pop(name) != default:
             logger.warning("LLM(%s=...) has no effect in tokenmill (vLLM's default is %r)", name, default)
