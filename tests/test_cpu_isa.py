@@ -204,3 +204,49 @@ def test_onednn_bf16_linear_method_matches_the_panels():
         outs.append(layer(x))
     assert outs[1].dtype == torch.float32
     assert rel_err(outs[1], outs[0].double()) < 1e-2
+
+
+@pytest.mark.parametrize("level", cpu_ops.LEVELS)
+@pytest.mark.parametrize("m,k,inter", [(1, 576, 64), (2, 33, 32), (3, 576, 96), (7, 33, 32), (13, 128, 64),
+                                       (200, 576, 96)])
+def test_bf16_swiglu_every_level(level, m, k, inter, restore_isa):
+    """silu(x Wg) * (x Wu) from one gate_up panel set against float64 over the same bf16 weights. The
+    fused path (AVX512_BF16, 3 rows or more) rounds x and the product to bf16: each output within one
+    bf16 rounding (2^-8 relative) of the reference over bf16-rounded x, plus 1e-5 of the largest
+    output for the float32 sums and the exp polynomial; elsewhere float32 out, 1e-5 of the largest."""
+    if level not in cpu_ops.runnable_levels():
+        pytest.skip(f"this CPU cannot run {level} ({cpu_ops.isa()})")
+    assert cpu_ops.set_isa(level) == level
+    g = torch.Generator().manual_seed(m * 1000 + k + inter)
+    w, x = torch.randn(2 * inter, k, generator=g).bfloat16(), torch.randn(m, k, generator=g)
+    y = torch.ops.tokenmill.bf16_swiglu(x, torch.ops.tokenmill.pack_bf16_panels(w), inter)
+    fused = level == "avx512_bf16" and m > 2
+    assert y.shape == (m, inter) and y.dtype == (torch.bfloat16 if fused else torch.float32)
+    gu = F.linear((x.bfloat16() if fused else x).double(), w.double())
+    ref = F.silu(gu[:, :inter]) * gu[:, inter:]
+    err = (y.double() - ref).abs()
+    if fused:
+        assert (err <= ref.abs() * 2 ** -8 + 1e-5 * ref.abs().max()).all()
+    else:
+        assert rel_err(y, ref) < 1e-5
+
+
+def test_bf16_swiglu_is_unfused_in_batch_invariant_mode(restore_isa):
+    """Batch-invariant mode keeps the one accumulation order of bf16_panel_linear: the unfused ops,
+    float32 out, equal to running them by hand (tolerance 0)."""
+    g = torch.Generator().manual_seed(5)
+    w, x = torch.randn(128, 48, generator=g).bfloat16(), torch.randn(9, 48, generator=g)
+    packed = torch.ops.tokenmill.pack_bf16_panels(w)
+    cpu_ops.set_batch_invariant(True)
+    try:
+        y = torch.ops.tokenmill.bf16_swiglu(x, packed, 64)
+        expected = torch.ops.tokenmill.silu_and_mul(torch.ops.tokenmill.bf16_panel_linear(x, packed, 128, None))
+    finally:
+        cpu_ops.set_batch_invariant(False)
+    assert y.dtype == torch.float32 and torch.equal(y, expected)
+
+
+def test_bf16_swiglu_refuses_a_layout_it_cannot_split():
+    packed = torch.ops.tokenmill.pack_bf16_panels(torch.randn(80, 16).bfloat16())
+    with pytest.raises(RuntimeError, match="multiple of 32"):
+        torch.ops.tokenmill.bf16_swiglu(torch.randn(4, 16), packed, 40)

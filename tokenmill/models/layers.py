@@ -152,6 +152,9 @@ class SwiGLU(nn.Module):
         self.intermediate = intermediate
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        fused = self.gate_up_proj.quant_method.apply_swiglu(self.gate_up_proj, x, self.down_proj)
+        if fused is not None:
+            return self.down_proj(fused)
         gate_up = self.gate_up_proj(x)
         if _fused(gate_up):
             return self.down_proj(torch.ops.tokenmill.silu_and_mul(gate_up))

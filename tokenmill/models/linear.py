@@ -39,6 +39,12 @@ class LinearMethod(ABC):
     @abstractmethod
     def apply(self, layer: Linear, x: torch.Tensor) -> torch.Tensor: ...
 
+    def apply_swiglu(self, layer: Linear, x: torch.Tensor, down: Linear) -> torch.Tensor | None:
+        """silu(x W_gate) * (x W_up) for a gate/up layer (output_sizes [inter, inter]) whose result
+        goes into `down`, in one fused pass; None (the default): this method has no such pass, the
+        caller runs `apply` and then the element-wise op."""
+        return None
+
 
 class Linear(nn.Module):
     """y = x Wᵀ + b with W [out, in]. `tied`: the weight is shared with another module (e.g. the

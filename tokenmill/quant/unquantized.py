@@ -96,8 +96,22 @@ class Bf16PanelLinearMethod(_PackedLinearMethod):
     def apply_packed(self, layer: Linear, x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
         return torch.ops.tokenmill.bf16_panel_linear(x, packed, layer.out_features, layer.bias)
 
+    def apply_swiglu(self, layer: Linear, x: torch.Tensor, down: Linear) -> torch.Tensor | None:
+        """On AVX512_BF16 CPUs the product leaves the kernel as bf16 rows (the down projection's
+        input, which it would round to bf16 anyway); elsewhere the kernel runs the unfused ops and
+        returns float32 (csrc/bf16_gemm.cpp, bf16_swiglu)."""
+        packed = getattr(layer, "packed", None)
+        inter = layer.output_sizes[0]
+        if (packed is None or layer.bias is not None or len(layer.output_sizes) != 2 or layer.output_sizes[1] != inter
+                or inter % 32 or not _packable(x) or type(down.quant_method) is not Bf16PanelLinearMethod):
+            return None
+        return torch.ops.tokenmill.bf16_swiglu(x, packed, inter)
+
 
 class OneDNNBf16LinearMethod(Bf16PanelLinearMethod):
+    def apply_swiglu(self, layer: Linear, x: torch.Tensor, down: Linear) -> torch.Tensor | None:
+        return None  # oneDNN's packed layout is not our panels
+
     def load(self, layer: Linear) -> None:
         super().load(layer)
         layer.bias_bf16 = None if layer.bias is None else layer.bias.to(torch.bfloat16)

@@ -178,17 +178,23 @@ at::Tensor bf16_panel_linear(const at::Tensor& x, const at::Tensor& packed, int6
   const int64_t panel_size = packed.size(1) * kBf16PanelPairStride;
   // rows per pass over the weights: an x slice of ~384 KiB stays in L2 while a thread's panels stream past
   const int64_t kChunkRows = std::clamp<int64_t>((384 << 10) / (K * 4), 48, 1024);
-  at::parallel_for(0, panels, 2, [&](int64_t begin, int64_t end) {
+  // the dot-product path takes adjacent panels two at a time (a 64-column block per pass over x),
+  // except in batch-invariant mode, which keeps one accumulation order for every row count
+  const int64_t span = dp && !tokenmill_isa::batch_invariant() ? 2 : 1;
+  at::parallel_for(0, (panels + span - 1) / span, span == 2 ? 1 : 2, [&](int64_t begin, int64_t end) {
     for (int64_t c0 = 0; c0 < M; c0 += kChunkRows) {
       const int64_t rows = std::min(kChunkRows, M - c0);
-      for (int64_t pi = begin; pi < end; ++pi) {
-        const int64_t n0 = pi * kBf16PanelCols, ncols = std::min(kBf16PanelCols, N - n0);
+      for (int64_t pi = begin * span; pi < std::min(end * span, panels); pi += span) {
+        const int64_t n0 = pi * kBf16PanelCols, ncols = std::min(span * kBf16PanelCols, N - n0);
         const uint16_t* panel = pp + pi * panel_size;
         const float* bp = b ? b + n0 : nullptr;
         float* yb = yp + c0 * N + n0;
         if (dp) {
           const auto* xb = reinterpret_cast<const uint16_t*>(xc.data_ptr<at::BFloat16>()) + c0 * K;
-          tm_avx512_bf16::bf16_panel_rows(xb, K, rows, K, panel, bp, yb, N, ncols);
+          if (ncols > kBf16PanelCols)
+            tm_avx512_bf16::bf16_panel_pair_rows(xb, K, rows, K, panel, panel + panel_size, bp, yb, N, ncols);
+          else
+            tm_avx512_bf16::bf16_panel_rows(xb, K, rows, K, panel, bp, yb, N, ncols);
         } else if (level >= tokenmill_isa::Level::kAvx512) {
           tm_avx512::bf16_panel_rows(xc.data_ptr<float>() + c0 * K, K, rows, K, panel, bp, yb, N, ncols);
         } else if (level == tokenmill_isa::Level::kAvx2) {
@@ -197,6 +203,45 @@ at::Tensor bf16_panel_linear(const at::Tensor& x, const at::Tensor& packed, int6
           tm_scalar::bf16_panel_rows(xc.data_ptr<float>() + c0 * K, K, rows, K, panel, bp, yb, N, ncols);
         }
       }
+    }
+  });
+  return y;
+}
+
+// silu(x Wg) * (x Wu) from gate_up panels packed as [Wg; Wu] (gate panels first, `inter` columns
+// each, inter a multiple of 32). With vdpbf16ps and more than two rows (the rows that take the
+// dot-product path in bf16_panel_linear) a gate panel and its up panel are multiplied together and the
+// product leaves the registers as bf16 rows, the input the down projection rounds to anyway: no
+// [M, 2 * inter] float32 intermediate, no silu_and_mul pass, no rounding pass. Elsewhere (other ISA
+// levels, one or two rows, batch-invariant mode) the unfused ops, float32 out.
+at::Tensor bf16_swiglu(const at::Tensor& x, const at::Tensor& packed, int64_t inter) {
+  TORCH_CHECK(inter > 0 && inter % kBf16PanelCols == 0 && packed.dim() == 4 &&
+                  packed.size(0) == 2 * inter / kBf16PanelCols, "bf16_swiglu: packed must hold [2 * ", inter,
+              ", K] with ", inter, " a multiple of ", kBf16PanelCols);
+  const int64_t M = x.dim() == 2 ? x.size(0) : 0;
+  const bool fused = tokenmill_isa::active_level() == tokenmill_isa::Level::kAvx512Bf16 && M > 2 &&
+                     !tokenmill_isa::batch_invariant();
+  if (!fused) return silu_and_mul(bf16_panel_linear(x, packed, 2 * inter, c10::nullopt));
+  TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16, "x: [M, K] float32 or bfloat16");
+  const int64_t K = x.size(1);
+  TORCH_CHECK(packed.scalar_type() == at::kBFloat16 && packed.size(1) == (K + 1) / 2 &&
+                  packed.size(2) == kBf16PanelCols && packed.size(3) == 2 && packed.is_contiguous(),
+              "packed does not hold [", 2 * inter, ", ", K, "]");
+  const at::Tensor xc = bf16_rows(x);
+  auto y = new_tensor({M, inter}, x.options().dtype(at::kBFloat16));
+  const auto* xb = reinterpret_cast<const uint16_t*>(xc.data_ptr<at::BFloat16>());
+  const auto* pp = reinterpret_cast<const uint16_t*>(packed.data_ptr<at::BFloat16>());
+  auto* yp = reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>());
+  const int64_t panel_size = packed.size(1) * kBf16PanelPairStride, pairs = inter / kBf16PanelCols;
+  // as in bf16_panel_linear: an x slice of ~384 KiB stays in L2 while a thread's panels stream past
+  const int64_t kChunkRows = std::clamp<int64_t>((384 << 10) / (K * 4), 48, 1024);
+  at::parallel_for(0, pairs, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t c0 = 0; c0 < M; c0 += kChunkRows) {
+      const int64_t rows = std::min(kChunkRows, M - c0);
+      for (int64_t pi = begin; pi < end; ++pi)
+        tm_avx512_bf16::bf16_swiglu_rows(xb + c0 * K, K, rows, K, pp + pi * panel_size,
+                                         pp + (pairs + pi) * panel_size, yp + c0 * inter + pi * kBf16PanelCols,
+                                         inter, kBf16PanelCols);
     }
   });
   return y;

@@ -19,12 +19,12 @@
 #include <limits>
 
 #include "decode_isa.h"
-#include "exp_poly.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include "avx512_intrinsics.h"
 
 TM_AVX512_BEGIN("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma")
+#include "exp512.h"
 
 namespace tm_avx512_decode {
 
@@ -69,18 +69,7 @@ inline __m512 reduce_folded(const float* b) {
   return _mm512_add_ps(_mm512_shuffle_f32x4(d0, d1, 0x88), _mm512_shuffle_f32x4(d0, d1, 0xDD));
 }
 
-// expf on 16 lanes: vec_math.h's exp256 (the constants of exp_poly.h), 512 bits wide.
-inline __m512 exp512(__m512 x) {
-  using namespace tm_exp;
-  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-kClamp)), _mm512_set1_ps(kClamp));
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(kLog2e)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2Lo), _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2Hi), x));
-  __m512 y = _mm512_set1_ps(kPoly[0]);
-  for (int i = 1; i < kPolyTerms; ++i) y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(kPoly[i]));
-  y = _mm512_fmadd_ps(y, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.f)));
-  const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
-  return _mm512_mul_ps(y, _mm512_castsi512_ps(e));
-}
+using tm_avx512_math::exp512;
 
 // s[0:n] = exp(s - max(s)) in place; returns 1 / their sum.
 inline float softmax_numerators(float* s, int64_t n) {

@@ -20,6 +20,12 @@ void bf16_panel_rows(const uint16_t* x, int64_t lda, int64_t M, int64_t K, const
 // y[M, ncols] += x . panel (prefill attention's O += P V in bf16)
 void bf16_panel_rows_acc(const uint16_t* x, int64_t lda, int64_t M, int64_t K, const uint16_t* panel, float* y,
                          int64_t ldy, int64_t ncols);
+// y[M, ncols <= 64] = x . [panel0 | panel1] (+ bias): two panels per pass over x (not batch-invariant)
+void bf16_panel_pair_rows(const uint16_t* x, int64_t lda, int64_t M, int64_t K, const uint16_t* panel0,
+                          const uint16_t* panel1, const float* bias, float* y, int64_t ldy, int64_t ncols);
+// y[M, ncols] (bf16) = silu(x . gate_panel) * (x . up_panel), rounded to nearest even (SwiGLU)
+void bf16_swiglu_rows(const uint16_t* x, int64_t lda, int64_t M, int64_t K, const uint16_t* gate_panel,
+                      const uint16_t* up_panel, uint16_t* y, int64_t ldy, int64_t ncols);
 // y[0:n] = x[0:n] rounded to bf16 (nearest even; vcvtneps2bf16)
 void round_to_bf16(const float* x, uint16_t* y, int64_t n);
 }  // namespace tm_avx512_bf16
