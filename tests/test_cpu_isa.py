@@ -250,3 +250,25 @@ def test_bf16_swiglu_refuses_a_layout_it_cannot_split():
     packed = torch.ops.tokenmill.pack_bf16_panels(torch.randn(80, 16).bfloat16())
     with pytest.raises(RuntimeError, match="multiple of 32"):
         torch.ops.tokenmill.bf16_swiglu(torch.randn(4, 16), packed, 40)
+
+
+@pytest.mark.parametrize("level", cpu_ops.LEVELS)
+@pytest.mark.parametrize("m,n,k,n_valid", [(1, 100, 48, 100), (3, 100, 48, 97), (7, 257, 33, 250), (40, 64, 16, 64),
+                                           (13, 1000, 64, 999)])
+def test_bf16_argmax_linear_matches_the_logits_argmax(level, m, n, k, n_valid, restore_isa):
+    """Greedy sampling from the LM head: the same token as bf16_panel_linear's logits cut to n_valid,
+    argmax'd (the fused path computes the same dot products, so tolerance 0); ties go to the first
+    column, as torch.argmax: duplicated weight rows make exact ties across lanes and panels."""
+    if level not in cpu_ops.runnable_levels():
+        pytest.skip(f"this CPU cannot run {level}")
+    cpu_ops.set_isa(level)
+    g = torch.Generator().manual_seed(m * n + k)
+    w, x = torch.randn(n, k, generator=g), torch.randn(m, k, generator=g)
+    w[n // 2] = w[n // 3 + 1] = w[n - 1]  # the same logit in three columns, far apart
+    x[0] = w[n - 1] * 8  # row 0's maximum is that tied triple
+    w = w.bfloat16()
+    packed = torch.ops.tokenmill.pack_bf16_panels(w)
+    ids = torch.ops.tokenmill.bf16_argmax_linear(x, packed, n, n_valid)
+    logits = torch.ops.tokenmill.bf16_panel_linear(x, packed, n, None)[:, :n_valid]
+    assert ids.dtype == torch.int64 and torch.equal(ids, logits.argmax(-1))
+    assert ids[0] == min(n // 3 + 1, n // 2)

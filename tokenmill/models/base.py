@@ -10,7 +10,8 @@
 - `load_weights(weights)`: (checkpoint name, tensor) pairs into the parameters, each through its
   module's weight loader (`Linear.load_weight`, so a quantized format decides how it is stored).
 - `tie_weights()`: shared parameters (tied embeddings), re-tied after materializing.
-- `forward(input_ids, positions, kv_caches, backend, meta)` -> hidden states, `compute_logits`.
+- `forward(input_ids, positions, kv_caches, backend, meta)` -> hidden states, `compute_logits`
+  (and optionally `greedy_tokens`: the logits' argmax without writing them).
   `forward` runs one decoder layer per entry of `kv_caches`, in order, then the final norm: a
   shorter list runs only the first layers (`forward_first_layers`, the self-speculative draft).
 - `allocate_kv_caches(...)`: the per-layer KV tensors for a number of blocks.
@@ -37,6 +38,11 @@ class CausalLM(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.config = cfg
+
+    def greedy_tokens(self, hidden: torch.Tensor, vocab_size: int) -> torch.Tensor | None:
+        """The argmax token of each row's logits without computing them, where the model can (the
+        runner's path for plain greedy rows); None: use compute_logits."""
+        return None
 
     # -- hooks: configuration and KV storage ---------------------------------------------------
     @classmethod

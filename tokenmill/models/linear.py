@@ -45,6 +45,11 @@ class LinearMethod(ABC):
         caller runs `apply` and then the element-wise op."""
         return None
 
+    def apply_argmax(self, layer: Linear, x: torch.Tensor, n_valid: int) -> torch.Tensor | None:
+        """argmax over the first n_valid columns of x Wᵀ (+ b) per row (int64 [rows], first index on
+        ties), for greedy sampling without the logits; None (the default): no such pass here."""
+        return None
+
 
 class Linear(nn.Module):
     """y = x Wᵀ + b with W [out, in]. `tied`: the weight is shared with another module (e.g. the

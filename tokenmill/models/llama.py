@@ -111,3 +111,8 @@ class LlamaForCausalLM(CausalLM):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden).float()
+
+    def greedy_tokens(self, hidden: torch.Tensor, vocab_size: int) -> torch.Tensor | None:
+        """compute_logits(hidden)[:, :vocab_size].argmax(-1) where the LM head's weight format can
+        take it without writing the logits; else None."""
+        return self.lm_head.quant_method.apply_argmax(self.lm_head, hidden, vocab_size)

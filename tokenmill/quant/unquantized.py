@@ -107,10 +107,20 @@ class Bf16PanelLinearMethod(_PackedLinearMethod):
             return None
         return torch.ops.tokenmill.bf16_swiglu(x, packed, inter)
 
+    def apply_argmax(self, layer: Linear, x: torch.Tensor, n_valid: int) -> torch.Tensor | None:
+        """On AVX512_BF16 CPUs the logits stay in registers (csrc/bf16_gemm.cpp, bf16_argmax_linear)."""
+        packed = getattr(layer, "packed", None)
+        if packed is None or layer.bias is not None or not _packable(x):
+            return None
+        return torch.ops.tokenmill.bf16_argmax_linear(x, packed, layer.out_features, n_valid)
+
 
 class OneDNNBf16LinearMethod(Bf16PanelLinearMethod):
     def apply_swiglu(self, layer: Linear, x: torch.Tensor, down: Linear) -> torch.Tensor | None:
         return None  # oneDNN's packed layout is not our panels
+
+    def apply_argmax(self, layer: Linear, x: torch.Tensor, n_valid: int) -> torch.Tensor | None:
+        return None
 
     def load(self, layer: Linear) -> None:
         super().load(layer)

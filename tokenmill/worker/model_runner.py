@@ -187,8 +187,7 @@ class ModelRunner:
         prompt_lps = self._prompt_logprobs(hidden, prompt_rows) if prompt_rows else None
         if not samples:
             return ModelRunnerOutput([], [], expert_load=load, prompt_logprobs=prompt_lps)
-        logits = self.model.compute_logits(hidden[torch.tensor(sample_idx)])
-        tokens, logprobs = self._sample(logits, samples)
+        tokens, logprobs = self._greedy(hidden[torch.tensor(sample_idx)], samples)
         reqs = [req for req, _ in samples]
         for req, toks in zip(reqs, tokens):
             self.structured.accept(req.request_id, toks)
@@ -220,6 +219,17 @@ class ModelRunner:
                                       self.sampler.vocab_size)
             out[rows.request_id] = PromptLogprobs(rows.position + 1, entries)
         return out
+
+    def _greedy(self, hidden: torch.Tensor, samples: list[tuple[RunnerRequest, list[int]]]):
+        """Tokens (and logprobs) from the sampled rows' hidden states: straight from the LM head's
+        argmax when every row is plain greedy without drafts or a grammar, else logits and _sample."""
+        reqs = [req for req, drafts in samples if not drafts]
+        if len(reqs) == len(samples) and Sampler.argmax_only(reqs) and \
+                not any(self.structured.is_constrained(r.request_id) for r in reqs):
+            ids = self.model.greedy_tokens(hidden, self.sampler.vocab_size)
+            if ids is not None:
+                return [[t] for t in ids.tolist()], [None] * len(samples)
+        return self._sample(self.model.compute_logits(hidden), samples)
 
     def _sample(self, logits: torch.Tensor, samples: list[tuple[RunnerRequest, list[int]]]):
         """Plain rows through the sampler, rows with drafts through verification; logits hold each

@@ -90,6 +90,13 @@ class Sampler:
         gen = self.generator(req) if req.params.seed is not None else None
         return torch.rand(1, generator=gen).item()
 
+    @staticmethod
+    def argmax_only(reqs: list[SamplingRequest]) -> bool:
+        """Every row is greedy over the raw logits (no logprobs, penalties, logit shaping or
+        min_tokens mask): its token is the logits' argmax, which the LM head can give without them."""
+        return all(r.params.greedy and r.params.logprobs is None and not r.params.uses_penalties
+                   and not r.params.shapes_logits and r.num_output_tokens >= r.params.min_tokens for r in reqs)
+
     def process(self, logits: torch.Tensor, reqs: list[SamplingRequest]) -> torch.Tensor:
         """Penalties and the min_tokens mask: what every row goes through before greedy or random
         choice (logits [rows, vocab], already cut to the vocabulary)."""

@@ -9,6 +9,9 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <limits>
+#include <mutex>
+#include <vector>
 #include <cstring>
 
 #include "cpu_isa.h"
@@ -245,6 +248,59 @@ at::Tensor bf16_swiglu(const at::Tensor& x, const at::Tensor& packed, int64_t in
     }
   });
   return y;
+}
+
+// argmax over the first n_valid columns of x W^T (greedy sampling from the LM head), first index on
+// ties as torch.argmax. With vdpbf16ps and more than two rows the logits never leave the registers:
+// each thread folds its 64-column blocks into per-row, per-lane bests (the same dot products as
+// bf16_panel_linear, so the same values), merged at the end. Elsewhere bf16_panel_linear + argmax.
+at::Tensor bf16_argmax_linear(const at::Tensor& x, const at::Tensor& packed, int64_t N, int64_t n_valid) {
+  TORCH_CHECK(n_valid > 0 && n_valid <= N, "n_valid must be in [1, N]");
+  const int64_t M = x.dim() == 2 ? x.size(0) : 0;
+  const bool fused = tokenmill_isa::active_level() == tokenmill_isa::Level::kAvx512Bf16 && M > 2 &&
+                     !tokenmill_isa::batch_invariant();
+  if (!fused) return bf16_panel_linear(x, packed, N, c10::nullopt).narrow(1, 0, n_valid).argmax(1);
+  const int64_t K = x.size(1), panels = packed.size(0);
+  TORCH_CHECK(packed.scalar_type() == at::kBFloat16 && packed.dim() == 4 && packed.size(1) == (K + 1) / 2 &&
+                  packed.size(2) == kBf16PanelCols && packed.size(3) == 2 && packed.is_contiguous() &&
+                  panels == (N + kBf16PanelCols - 1) / kBf16PanelCols,
+              "packed does not hold [", N, ", ", K, "]");
+  const at::Tensor xc = bf16_rows(x);
+  const auto* xb = reinterpret_cast<const uint16_t*>(xc.data_ptr<at::BFloat16>());
+  const auto* pp = reinterpret_cast<const uint16_t*>(packed.data_ptr<at::BFloat16>());
+  const int64_t panel_size = packed.size(1) * kBf16PanelPairStride;
+  const int64_t kChunkRows = std::clamp<int64_t>((384 << 10) / (K * 4), 48, 1024);
+  std::vector<float> best_v(M, -std::numeric_limits<float>::infinity());
+  std::vector<int64_t> best_i(M, -1);
+  std::mutex merge;
+  at::parallel_for(0, (panels + 1) / 2, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> lv(M * 16, -std::numeric_limits<float>::infinity());
+    std::vector<int32_t> li(M * 16, -1);
+    for (int64_t c0 = 0; c0 < M; c0 += kChunkRows) {
+      const int64_t rows = std::min(kChunkRows, M - c0);
+      for (int64_t u = begin; u < end; ++u) {
+        const uint16_t* p0 = pp + 2 * u * panel_size;
+        // an odd last panel pairs with itself: its second copy's columns are past N, never valid
+        const uint16_t* p1 = 2 * u + 1 < panels ? p0 + panel_size : p0;
+        tm_avx512_bf16::bf16_panel_pair_argmax_rows(xb + c0 * K, K, rows, K, p0, p1, 2 * u * kBf16PanelCols,
+                                                    n_valid, lv.data() + 16 * c0, li.data() + 16 * c0);
+      }
+    }
+    std::lock_guard<std::mutex> lock(merge);
+    for (int64_t r = 0; r < M; ++r)
+      for (int l = 0; l < 16; ++l) {
+        const float v = lv[16 * r + l];
+        const int64_t i = li[16 * r + l];
+        if (i >= 0 && (best_i[r] < 0 || v > best_v[r] || (v == best_v[r] && i < best_i[r]))) {
+          best_v[r] = v;
+          best_i[r] = i;
+        }
+      }
+  });
+  auto out = new_tensor({M}, x.options().dtype(at::kLong));
+  int64_t* o = out.data_ptr<int64_t>();
+  for (int64_t r = 0; r < M; ++r) o[r] = std::max<int64_t>(best_i[r], 0);  // a row of NaNs: column 0
+  return out;
 }
 
 }  // namespace tokenmill_ops

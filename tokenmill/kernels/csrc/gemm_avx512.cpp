@@ -189,6 +189,31 @@ void bf16_swiglu_kernel(const uint16_t* x, int64_t lda, int64_t K, const uint16_
     }
 }
 
+// Greedy sampling's LM head: an MR x 64 block of logits (bf16_dp2_kernel's arithmetic, so the same
+// values) folded into each row's running best per lane: best_v/best_i [MR][16], lane l having seen
+// columns = l (mod 16) in increasing order; a strictly greater value replaces, so each lane keeps the
+// first column of its maximum. Columns at or past n_valid are skipped.
+template <int MR>
+void bf16_argmax_kernel(const uint16_t* x, int64_t lda, int64_t K, const uint16_t* p0, const uint16_t* p1,
+                        int64_t n0, int64_t n_valid, float* best_v, int32_t* best_i) {
+  __m512 acc[MR][4];
+  dp2_accumulate<MR, dp2_sets(MR)>(x, lda, K, p0, p1, acc);
+  const __m512i lanes = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+#pragma GCC unroll 4
+  for (int j = 0; j < 4; ++j) {
+    const __mmask16 valid = cols_mask(n_valid - n0 - 16 * j);
+    if (!valid) break;
+    const __m512i cols = _mm512_add_epi32(lanes, _mm512_set1_epi32(static_cast<int32_t>(n0 + 16 * j)));
+#pragma GCC unroll 8
+    for (int r = 0; r < MR; ++r) {
+      const __m512 bv = _mm512_loadu_ps(best_v + 16 * r);
+      const __mmask16 gt = _mm512_mask_cmp_ps_mask(valid, acc[r][j], bv, _CMP_GT_OQ);
+      _mm512_storeu_ps(best_v + 16 * r, _mm512_mask_blend_ps(gt, bv, acc[r][j]));
+      _mm512_storeu_si512(best_i + 16 * r, _mm512_mask_blend_epi32(gt, _mm512_loadu_si512(best_i + 16 * r), cols));
+    }
+  }
+}
+
 // bf16 weights widened to f32 in registers (AVX-512F without BF16): lane j of a pair row holds
 // (w[k][j], w[k+1][j]); shifting left by 16 gives w[k] and masking the low half gives w[k+1].
 template <int MR>
@@ -293,6 +318,10 @@ using SwigluFn = void (*)(const uint16_t*, int64_t, int64_t, const uint16_t*, co
                           int64_t);
 constexpr SwigluFn kSwiglu[] = {nullptr, bf16_swiglu_kernel<1>, bf16_swiglu_kernel<2>, bf16_swiglu_kernel<3>,
                                 bf16_swiglu_kernel<4>, bf16_swiglu_kernel<5>, bf16_swiglu_kernel<6>};
+using ArgmaxFn = void (*)(const uint16_t*, int64_t, int64_t, const uint16_t*, const uint16_t*, int64_t, int64_t,
+                          float*, int32_t*);
+constexpr ArgmaxFn kArgmax[] = {nullptr, bf16_argmax_kernel<1>, bf16_argmax_kernel<2>, bf16_argmax_kernel<3>,
+                                bf16_argmax_kernel<4>, bf16_argmax_kernel<5>, bf16_argmax_kernel<6>};
 using Dp2Fn = void (*)(const uint16_t*, int64_t, int64_t, const uint16_t*, const uint16_t*, const float*, float*,
                        int64_t, int64_t);
 constexpr Dp2Fn kDp2[] = {nullptr, bf16_dp2_kernel<1>, bf16_dp2_kernel<2>, bf16_dp2_kernel<3>,
@@ -340,6 +369,13 @@ void bf16_panel_rows_acc(const uint16_t* x, int64_t lda, int64_t M, int64_t K, c
     row_blocks<12>(x, lda, M, K, panel, none, y, ldy, ncols, kBf16DpAccInvariant);
   else
     row_blocks<12>(x, lda, M, K, panel, none, y, ldy, ncols, kBf16DpAcc);
+}
+void bf16_panel_pair_argmax_rows(const uint16_t* x, int64_t lda, int64_t M, int64_t K, const uint16_t* panel0,
+                                 const uint16_t* panel1, int64_t n0, int64_t n_valid, float* best_v,
+                                 int32_t* best_i) {
+  for_row_blocks<6>(M, [&](int64_t r0, int64_t rows) {
+    kArgmax[rows](x + r0 * lda, lda, K, panel0, panel1, n0, n_valid, best_v + 16 * r0, best_i + 16 * r0);
+  });
 }
 void bf16_panel_pair_rows(const uint16_t* x, int64_t lda, int64_t M, int64_t K, const uint16_t* panel0,
                           const uint16_t* panel1, const float* bias, float* y, int64_t ldy, int64_t ncols) {
@@ -403,6 +439,10 @@ void bf16_swiglu_rows(const uint16_t*, int64_t, int64_t, int64_t, const uint16_t
 }
 void bf16_panel_pair_rows(const uint16_t*, int64_t, int64_t, int64_t, const uint16_t*, const uint16_t*,
                           const float*, float*, int64_t, int64_t) {
+  std::abort();
+}
+void bf16_panel_pair_argmax_rows(const uint16_t*, int64_t, int64_t, int64_t, const uint16_t*, const uint16_t*,
+                                 int64_t, int64_t, float*, int32_t*) {
   std::abort();
 }
 }  // namespace tm_avx512_bf16

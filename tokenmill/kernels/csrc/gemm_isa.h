@@ -23,6 +23,11 @@ void bf16_panel_rows_acc(const uint16_t* x, int64_t lda, int64_t M, int64_t K, c
 // y[M, ncols <= 64] = x . [panel0 | panel1] (+ bias): two panels per pass over x (not batch-invariant)
 void bf16_panel_pair_rows(const uint16_t* x, int64_t lda, int64_t M, int64_t K, const uint16_t* panel0,
                           const uint16_t* panel1, const float* bias, float* y, int64_t ldy, int64_t ncols);
+// Each row's running argmax over the columns n0 .. n0 + 63 (< n_valid) of x . [panel0 | panel1]:
+// best_v / best_i [M][16] per lane (column mod 16), updated where a value is strictly greater.
+void bf16_panel_pair_argmax_rows(const uint16_t* x, int64_t lda, int64_t M, int64_t K, const uint16_t* panel0,
+                                 const uint16_t* panel1, int64_t n0, int64_t n_valid, float* best_v,
+                                 int32_t* best_i);
 // y[M, ncols] (bf16) = silu(x . gate_panel) * (x . up_panel), rounded to nearest even (SwiGLU)
 void bf16_swiglu_rows(const uint16_t* x, int64_t lda, int64_t M, int64_t K, const uint16_t* gate_panel,
                       const uint16_t* up_panel, uint16_t* y, int64_t ldy, int64_t ncols);

@@ -24,6 +24,7 @@ at::Tensor pack_bf16_panels(const at::Tensor& weight);
 at::Tensor bf16_panel_linear(const at::Tensor& x, const at::Tensor& packed, int64_t N,
                              const c10::optional<at::Tensor>& bias);
 at::Tensor bf16_swiglu(const at::Tensor& x, const at::Tensor& packed, int64_t inter);
+at::Tensor bf16_argmax_linear(const at::Tensor& x, const at::Tensor& packed, int64_t N, int64_t n_valid);
 
 // quant_gemm.cpp: block-quantized (int4/int8) weights
 at::Tensor pack_q4(const at::Tensor& codes, const at::Tensor& d, const at::Tensor& m);

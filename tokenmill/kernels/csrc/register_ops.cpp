@@ -16,6 +16,7 @@ TORCH_LIBRARY(tokenmill, m) {
   m.def("pack_bf16_panels(Tensor weight) -> Tensor");
   m.def("bf16_panel_linear(Tensor x, Tensor packed, int N, Tensor? bias) -> Tensor");
   m.def("bf16_swiglu(Tensor x, Tensor packed, int inter) -> Tensor");
+  m.def("bf16_argmax_linear(Tensor x, Tensor packed, int N, int n_valid) -> Tensor");
 
   m.def("pack_q4(Tensor codes, Tensor d, Tensor m) -> Tensor");
   m.def("pack_q8(Tensor codes, Tensor d) -> Tensor");
@@ -43,6 +44,7 @@ TORCH_LIBRARY_IMPL(tokenmill, CPU, m) {
   m.impl("pack_bf16_panels", &pack_bf16_panels);
   m.impl("bf16_panel_linear", &bf16_panel_linear);
   m.impl("bf16_swiglu", &bf16_swiglu);
+  m.impl("bf16_argmax_linear", &bf16_argmax_linear);
   m.impl("pack_q4", &pack_q4);
   m.impl("pack_q8", &pack_q8);
   m.impl("q4_linear", &q4_linear);
