@@ -207,7 +207,7 @@ void bf16_argmax_kernel(const uint16_t* x, int64_t lda, int64_t K, const uint16_
 #pragma GCC unroll 8
     for (int r = 0; r < MR; ++r) {
       const __m512 bv = _mm512_loadu_ps(best_v + 16 * r);
-      const __mmask16 gt = _mm512_mask_cmp_ps_mask(valid, acc[r][j], bv, _CMP_GT_OQ);
+      const __mmask16 gt = valid & _mm512_cmp_ps_mask(acc[r][j], bv, _CMP_GT_OQ);
       _mm512_storeu_ps(best_v + 16 * r, _mm512_mask_blend_ps(gt, bv, acc[r][j]));
       _mm512_storeu_si512(best_i + 16 * r, _mm512_mask_blend_epi32(gt, _mm512_loadu_si512(best_i + 16 * r), cols));
     }
