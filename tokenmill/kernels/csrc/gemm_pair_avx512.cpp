@@ -1,0 +1,182 @@
+// AVX512_BF16 GEMM kernels that take two 32-column bf16 panels per pass over x (gemm_isa.h): the
+// linear layers' dot-product path, SwiGLU fused into the gate/up GEMM, and greedy sampling's LM head
+// argmax. Compiled for AVX-512 by the target pragma below whatever the build's baseline, and only
+// called when the running CPU has AVX512_BF16 (bf16_gemm.cpp). Standard headers come before it.
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+
+#include "gemm_isa.h"
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include "avx512_intrinsics.h"
+
+TM_AVX512_BEGIN("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma,f16c")
+#include "exp512.h"
+#include "gemm_avx512_common.h"
+
+namespace tm_avx512_detail {
+
+// Two panels at once through vdpbf16ps: an MR x 64 block (p0's 32 columns, then p1's) in 4
+// accumulators per row, MR <= 6 (24 of the 32 zmm). Each broadcast of x feeds four dot products
+// instead of two: 10 loads per 24 vdpbf16ps against 14 for bf16_dp_kernel's 12 x 32 block, measured
+// 1.1x faster on the default model's shapes (docs/BENCHMARKS.md). acc[r][0..3] = columns 0-15,
+// 16-31 (p0), 32-47, 48-63 (p1).
+template <int MR, int S>
+__attribute__((always_inline)) inline void dp2_accumulate(const uint16_t* x, int64_t lda, int64_t K,
+                                                          const uint16_t* p0, const uint16_t* p1,
+                                                          __m512 (&acc)[MR][4]) {
+  __m512 c[S][MR][4];
+#pragma GCC unroll 16
+  for (int s = 0; s < S; ++s)
+    for (int r = 0; r < MR; ++r)
+      for (int j = 0; j < 4; ++j) c[s][r][j] = _mm512_setzero_ps();
+  const int64_t full = K / 2;
+  auto step = [&](int s, int64_t kk, bool last_odd) __attribute__((always_inline)) {
+    const uint16_t* a0 = p0 + kk * kBf16PanelPairStride;
+    const uint16_t* a1 = p1 + kk * kBf16PanelPairStride;
+    if (!last_odd) {
+      _mm_prefetch(reinterpret_cast<const char*>(a0) + 1024, _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(a0) + 1088, _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(a1) + 1024, _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(a1) + 1088, _MM_HINT_T0);
+    }
+    const __m512i b[4] = {_mm512_loadu_si512(a0), _mm512_loadu_si512(a0 + 32), _mm512_loadu_si512(a1),
+                          _mm512_loadu_si512(a1 + 32)};
+#pragma GCC unroll 16
+    for (int r = 0; r < MR; ++r) {
+      // the last k of an odd K pairs with the panels' zero padding
+      const __m512i a = last_odd ? _mm512_set1_epi32(x[r * lda + K - 1]) : bcast_pair(x + r * lda + 2 * kk);
+#pragma GCC unroll 4
+      for (int j = 0; j < 4; ++j) c[s][r][j] = dp(c[s][r][j], a, b[j]);
+    }
+  };
+  int64_t kk = 0;
+  for (; kk + S <= full; kk += S) {
+#pragma GCC unroll 4
+    for (int s = 0; s < S; ++s) step(s, kk + s, false);
+  }
+  for (; kk < full; ++kk) step(0, kk, false);
+  if (K & 1) step(0, full, true);
+#pragma GCC unroll 16
+  for (int r = 0; r < MR; ++r)
+    for (int j = 0; j < 4; ++j) {
+      acc[r][j] = c[0][r][j];
+      for (int s = 1; s < S; ++s) acc[r][j] = _mm512_add_ps(acc[r][j], c[s][r][j]);
+    }
+}
+
+constexpr int dp2_sets(int mr) { return mr == 1 ? 2 : 1; }
+
+// y[MR, ncols <= 64] = x . [p0 | p1] (+ bias)
+template <int MR>
+void bf16_dp2_kernel(const uint16_t* x, int64_t lda, int64_t K, const uint16_t* p0, const uint16_t* p1,
+                     const float* bias, float* y, int64_t ldy, int64_t ncols) {
+  __m512 acc[MR][4];
+  dp2_accumulate<MR, dp2_sets(MR)>(x, lda, K, p0, p1, acc);
+#pragma GCC unroll 8
+  for (int r = 0; r < MR; ++r)
+    for (int j = 0; j < 4; ++j) store16(y + r * ldy + 16 * j, bias ? bias + 16 * j : nullptr, acc[r][j], ncols - 16 * j);
+}
+
+// SwiGLU: y[MR, ncols <= 32] (bf16) = silu(x . pg) * (x . pu), for the down projection, which rounds
+// its input to bf16 anyway. silu as silu_and_mul computes it (g / (1 + exp(-g)), the same exp).
+template <int MR>
+void bf16_swiglu_kernel(const uint16_t* x, int64_t lda, int64_t K, const uint16_t* pg, const uint16_t* pu,
+                        uint16_t* y, int64_t ldy, int64_t ncols) {
+  __m512 acc[MR][4];
+  dp2_accumulate<MR, dp2_sets(MR)>(x, lda, K, pg, pu, acc);
+  const __m512 zero = _mm512_setzero_ps(), one = _mm512_set1_ps(1.f);
+#pragma GCC unroll 8
+  for (int r = 0; r < MR; ++r)
+    for (int j = 0; j < 2; ++j) {
+      const __m512 g = acc[r][j], u = acc[r][j + 2];
+      const __m512 den = _mm512_add_ps(one, tm_avx512_math::exp512(_mm512_sub_ps(zero, g)));
+      const __m256bh h = _mm512_cvtneps_pbh(_mm512_mul_ps(_mm512_div_ps(g, den), u));
+      const __mmask16 m = cols_mask(ncols - 16 * j);
+      if (m) _mm256_mask_storeu_epi16(y + r * ldy + 16 * j, m, reinterpret_cast<const __m256i&>(h));
+    }
+}
+
+// Greedy sampling's LM head: an MR x 64 block of logits (bf16_dp2_kernel's arithmetic, so the same
+// values) folded into each row's running best per lane: best_v/best_i [MR][16], lane l having seen
+// columns = l (mod 16) in increasing order; a strictly greater value replaces, so each lane keeps the
+// first column of its maximum. Columns at or past n_valid are skipped.
+template <int MR>
+void bf16_argmax_kernel(const uint16_t* x, int64_t lda, int64_t K, const uint16_t* p0, const uint16_t* p1,
+                        int64_t n0, int64_t n_valid, float* best_v, int32_t* best_i) {
+  __m512 acc[MR][4];
+  dp2_accumulate<MR, dp2_sets(MR)>(x, lda, K, p0, p1, acc);
+  const __m512i lanes = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+#pragma GCC unroll 4
+  for (int j = 0; j < 4; ++j) {
+    const __mmask16 valid = cols_mask(n_valid - n0 - 16 * j);
+    if (!valid) break;
+    const __m512i cols = _mm512_add_epi32(lanes, _mm512_set1_epi32(static_cast<int32_t>(n0 + 16 * j)));
+#pragma GCC unroll 8
+    for (int r = 0; r < MR; ++r) {
+      const __m512 bv = _mm512_loadu_ps(best_v + 16 * r);
+      const __mmask16 gt = valid & _mm512_cmp_ps_mask(acc[r][j], bv, _CMP_GT_OQ);
+      _mm512_storeu_ps(best_v + 16 * r, _mm512_mask_blend_ps(gt, bv, acc[r][j]));
+      _mm512_storeu_si512(best_i + 16 * r, _mm512_mask_blend_epi32(gt, _mm512_loadu_si512(best_i + 16 * r), cols));
+    }
+  }
+}
+
+using SwigluFn = void (*)(const uint16_t*, int64_t, int64_t, const uint16_t*, const uint16_t*, uint16_t*, int64_t,
+                          int64_t);
+constexpr SwigluFn kSwiglu[] = {nullptr, bf16_swiglu_kernel<1>, bf16_swiglu_kernel<2>, bf16_swiglu_kernel<3>,
+                                bf16_swiglu_kernel<4>, bf16_swiglu_kernel<5>, bf16_swiglu_kernel<6>};
+using ArgmaxFn = void (*)(const uint16_t*, int64_t, int64_t, const uint16_t*, const uint16_t*, int64_t, int64_t,
+                          float*, int32_t*);
+constexpr ArgmaxFn kArgmax[] = {nullptr, bf16_argmax_kernel<1>, bf16_argmax_kernel<2>, bf16_argmax_kernel<3>,
+                                bf16_argmax_kernel<4>, bf16_argmax_kernel<5>, bf16_argmax_kernel<6>};
+using Dp2Fn = void (*)(const uint16_t*, int64_t, int64_t, const uint16_t*, const uint16_t*, const float*, float*,
+                       int64_t, int64_t);
+constexpr Dp2Fn kDp2[] = {nullptr, bf16_dp2_kernel<1>, bf16_dp2_kernel<2>, bf16_dp2_kernel<3>,
+                          bf16_dp2_kernel<4>, bf16_dp2_kernel<5>, bf16_dp2_kernel<6>};
+
+}  // namespace tm_avx512_detail
+
+namespace tm_avx512_bf16 {
+using namespace tm_avx512_detail;
+void bf16_panel_pair_argmax_rows(const uint16_t* x, int64_t lda, int64_t M, int64_t K, const uint16_t* panel0,
+                                 const uint16_t* panel1, int64_t n0, int64_t n_valid, float* best_v,
+                                 int32_t* best_i) {
+  for_row_blocks<6>(M, [&](int64_t r0, int64_t rows) {
+    kArgmax[rows](x + r0 * lda, lda, K, panel0, panel1, n0, n_valid, best_v + 16 * r0, best_i + 16 * r0);
+  });
+}
+void bf16_panel_pair_rows(const uint16_t* x, int64_t lda, int64_t M, int64_t K, const uint16_t* panel0,
+                          const uint16_t* panel1, const float* bias, float* y, int64_t ldy, int64_t ncols) {
+  for_row_blocks<6>(M, [&](int64_t r0, int64_t rows) {
+    kDp2[rows](x + r0 * lda, lda, K, panel0, panel1, bias, y + r0 * ldy, ldy, ncols);
+  });
+}
+void bf16_swiglu_rows(const uint16_t* x, int64_t lda, int64_t M, int64_t K, const uint16_t* gate_panel,
+                      const uint16_t* up_panel, uint16_t* y, int64_t ldy, int64_t ncols) {
+  for_row_blocks<6>(M, [&](int64_t r0, int64_t rows) {
+    kSwiglu[rows](x + r0 * lda, lda, K, gate_panel, up_panel, y + r0 * ldy, ldy, ncols);
+  });
+}
+}  // namespace tm_avx512_bf16
+
+TM_AVX512_END
+
+#else  // not x86-64: the level never reaches AVX512_BF16 (cpu_isa.cpp), so these are never called
+namespace tm_avx512_bf16 {
+void bf16_swiglu_rows(const uint16_t*, int64_t, int64_t, int64_t, const uint16_t*, const uint16_t*, uint16_t*,
+                      int64_t, int64_t) {
+  std::abort();
+}
+void bf16_panel_pair_rows(const uint16_t*, int64_t, int64_t, int64_t, const uint16_t*, const uint16_t*,
+                          const float*, float*, int64_t, int64_t) {
+  std::abort();
+}
+void bf16_panel_pair_argmax_rows(const uint16_t*, int64_t, int64_t, int64_t, const uint16_t*, const uint16_t*,
+                                 int64_t, int64_t, float*, int32_t*) {
+  std::abort();
+}
+}  // namespace tm_avx512_bf16
+#endif
