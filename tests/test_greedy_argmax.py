@@ -3,6 +3,7 @@ on AVX512_BF16 CPUs the logits never leave the registers). The tokens must be th
 picks from the logits: a request asking for logprobs (which needs the logits) in the same engine gives
 the same greedy tokens (tolerance 0: the fused pass computes the same dot products)."""
 import pytest
+import torch
 
 from tokenmill import LLM, SamplingParams
 from tokenmill.models.llama import LlamaForCausalLM
@@ -39,3 +40,17 @@ def test_rows_that_reshape_logits_are_not_argmaxed(bf16_llm):
     banned = bf16_llm.generate([prompt], SamplingParams(max_tokens=6, temperature=0, ignore_eos=True,
                                                         logit_bias={first: -100}))
     assert banned[0].outputs[0].token_ids[0] != first
+
+
+def test_a_model_with_its_own_logits_keeps_them(tiny_llama):
+    """A subclass whose compute_logits does more than the LM head (here a sign flip, which moves the
+    argmax) is never argmaxed behind its back."""
+    class Flipped(LlamaForCausalLM):
+        def compute_logits(self, hidden):
+            return -super().compute_logits(hidden)
+    llm = LLM(str(tiny_llama), dtype="bfloat16", kv_cache_memory_gb=0.02)
+    model = llm.llm_engine.runner.model
+    hidden = torch.randn(4, model.config.hidden_size)
+    assert model.greedy_tokens(hidden, model.config.vocab_size) is not None
+    model.__class__ = Flipped
+    assert model.greedy_tokens(hidden, model.config.vocab_size) is None

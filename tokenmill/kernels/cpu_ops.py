@@ -22,9 +22,9 @@ logger = logging.getLogger(__name__)
 _CSRC = Path(__file__).parent / "csrc"
 # Longest compiles first: ninja starts them in this order, so the slowest unit does not start last
 _SOURCES = [_CSRC / name for name in ("paged_decode.cpp", "decode_avx512.cpp", "register_ops.cpp", "gemm_avx512.cpp",
-                                      "quant_gemm.cpp", "gemm_pair_avx512.cpp", "prefill_attention.cpp", "panel_gemm.cpp",
-                                      "layer_ops.cpp",
-                                      "bf16_gemm.cpp", "kv_store.cpp", "cpu_isa.cpp", "quant_avx512.cpp")]
+                                      "quant_gemm.cpp", "gemm_pair_avx512.cpp", "prefill_attention.cpp",
+                                      "panel_gemm.cpp", "layer_ops.cpp", "bf16_gemm.cpp", "kv_store.cpp", "cpu_isa.cpp",
+                                      "quant_avx512.cpp")]
 
 
 def _baseline_flags() -> list[str]:
@@ -133,7 +133,8 @@ def _registered() -> bool:
 
 
 _OPS = ("cpu_isa", "set_cpu_isa", "paged_decode", "fused_add_rms_norm", "rms_norm", "silu_and_mul", "rotary_",
-        "pack_panels", "panel_linear", "pack_bf16_panels", "bf16_panel_linear", "bf16_swiglu", "bf16_argmax_linear", "store_kv", "prefill_attention",
+        "pack_panels", "panel_linear", "pack_bf16_panels", "bf16_panel_linear", "bf16_swiglu", "bf16_argmax_linear",
+        "store_kv", "prefill_attention",
         "pack_q4", "pack_q8", "q4_linear", "q8_linear", "q_dequantize", "q_dequantize_rows")
 
 

@@ -114,5 +114,8 @@ class LlamaForCausalLM(CausalLM):
 
     def greedy_tokens(self, hidden: torch.Tensor, vocab_size: int) -> torch.Tensor | None:
         """compute_logits(hidden)[:, :vocab_size].argmax(-1) where the LM head's weight format can
-        take it without writing the logits; else None."""
+        take it without writing the logits; else None (also for a subclass whose compute_logits
+        does more than the LM head, e.g. a logit cap or scale)."""
+        if type(self).compute_logits is not LlamaForCausalLM.compute_logits:
+            return None
         return self.lm_head.quant_method.apply_argmax(self.lm_head, hidden, vocab_size)

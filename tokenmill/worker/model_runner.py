@@ -187,7 +187,7 @@ class ModelRunner:
         prompt_lps = self._prompt_logprobs(hidden, prompt_rows) if prompt_rows else None
         if not samples:
             return ModelRunnerOutput([], [], expert_load=load, prompt_logprobs=prompt_lps)
-        tokens, logprobs = self._greedy(hidden[torch.tensor(sample_idx)], samples)
+        tokens, logprobs = self._tokens(hidden[torch.tensor(sample_idx)], samples)
         reqs = [req for req, _ in samples]
         for req, toks in zip(reqs, tokens):
             self.structured.accept(req.request_id, toks)
@@ -220,7 +220,7 @@ class ModelRunner:
             out[rows.request_id] = PromptLogprobs(rows.position + 1, entries)
         return out
 
-    def _greedy(self, hidden: torch.Tensor, samples: list[tuple[RunnerRequest, list[int]]]):
+    def _tokens(self, hidden: torch.Tensor, samples: list[tuple[RunnerRequest, list[int]]]):
         """Tokens (and logprobs) from the sampled rows' hidden states: straight from the LM head's
         argmax when every row is plain greedy without drafts or a grammar, else logits and _sample."""
         reqs = [req for req, drafts in samples if not drafts]
