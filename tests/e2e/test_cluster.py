@@ -56,9 +56,13 @@ def cluster(tiny_llama, tmp_path_factory):
         log.close()
 
 
-def complete(base: str, prompt: list[int]) -> tuple[list[str], float, float]:
+def client_for(base: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=base + "/v1", api_key="x", max_retries=0, timeout=120)
+
+
+def complete(base: str, prompt: list[int], client: openai.OpenAI | None = None) -> tuple[list[str], float, float]:
     """Streamed greedy completion: (text pieces, start, end)."""
-    client = openai.OpenAI(base_url=base + "/v1", api_key="x", max_retries=0, timeout=120)
+    client = client or client_for(base)
     t0 = time.time()
     stream = client.completions.create(model="tiny", prompt=prompt, max_tokens=MAX_TOKENS, temperature=0, stream=True)
     pieces = [c.choices[0].text for c in stream if c.choices]
@@ -68,8 +72,11 @@ def complete(base: str, prompt: list[int]) -> tuple[list[str], float, float]:
 def test_planner_moves_an_engine_while_serving(cluster, server):
     url, engines = cluster["url"], cluster["engines"]
     reference = {i: "".join(complete(server.url, p)[0]) for i, p in enumerate(PROMPTS)}
-    with ThreadPoolExecutor(len(PROMPTS)) as pool:  # all at once: routed at 1P+1D, before any planner interval
-        first = list(pool.map(lambda p: complete(url, p), PROMPTS))
+    # all at once: routed at 1P+1D, before the planner's next interval (clients built first: building one
+    # took long enough on a loaded host for the planner to move the prefill engine before a prompt arrived)
+    clients = [client_for(url) for _ in PROMPTS]
+    with ThreadPoolExecutor(len(PROMPTS)) as pool:
+        first = list(pool.map(lambda pc: complete(url, *pc), zip(PROMPTS, clients)))
     planner = httpx.get(url + "/router/planner").json()
     moves = planner["moves"]
     assert planner["pools"] == {"prefill": [], "decode": [engines[1], engines[0]]} and planner["last"]
