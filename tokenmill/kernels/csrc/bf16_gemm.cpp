@@ -128,6 +128,23 @@ at::Tensor bf16_rows(const at::Tensor& x) {
   return out;
 }
 
+// rows per pass over the weights: an x slice of ~384 KiB stays in L2 while a thread's panels stream past
+inline int64_t chunk_rows(int64_t K) { return std::clamp<int64_t>((384 << 10) / (K * 4), 48, 1024); }
+
+// The two-panel kernels (gemm_pair_avx512.cpp) serve the dot-product path's rows outside batch-invariant
+// mode: AVX512_BF16 and three rows or more (one or two stream the weights as fast widened, unrounded).
+inline bool pair_path(int64_t M) {
+  return tokenmill_isa::active_level() == tokenmill_isa::Level::kAvx512Bf16 && M > 2 &&
+         !tokenmill_isa::batch_invariant();
+}
+
+void check_packed(const at::Tensor& packed, int64_t N, int64_t K) {
+  TORCH_CHECK(packed.scalar_type() == at::kBFloat16 && packed.dim() == 4 && packed.size(2) == kBf16PanelCols &&
+                  packed.size(3) == 2 && packed.is_contiguous(), "packed: [N/32, K/2, 32, 2] bfloat16");
+  TORCH_CHECK(packed.size(1) == (K + 1) / 2 && packed.size(0) == (N + kBf16PanelCols - 1) / kBf16PanelCols,
+              "packed does not hold [", N, ", ", K, "]");
+}
+
 }  // namespace
 
 namespace tokenmill_ops {
@@ -155,11 +172,9 @@ at::Tensor bf16_panel_linear(const at::Tensor& x, const at::Tensor& packed, int6
                              const c10::optional<at::Tensor>& bias) {
   TORCH_CHECK(x.dim() == 2 && (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16),
               "x: [M, K] float32 or bfloat16");
-  TORCH_CHECK(packed.scalar_type() == at::kBFloat16 && packed.dim() == 4 && packed.size(2) == kBf16PanelCols &&
-                  packed.size(3) == 2 && packed.is_contiguous(), "packed: [N/32, K/2, 32, 2] bfloat16");
-  const int64_t M = x.size(0), K = x.size(1), panels = packed.size(0);
-  TORCH_CHECK(packed.size(1) == (K + 1) / 2 && panels == (N + kBf16PanelCols - 1) / kBf16PanelCols,
-              "packed does not hold [", N, ", ", K, "]");
+  const int64_t M = x.size(0), K = x.size(1);
+  check_packed(packed, N, K);
+  const int64_t panels = packed.size(0);
   auto y = new_tensor({M, N}, x.options().dtype(at::kFloat));
   at::Tensor bc;
   const float* b = nullptr;
@@ -179,11 +194,10 @@ at::Tensor bf16_panel_linear(const at::Tensor& x, const at::Tensor& packed, int6
   const auto* pp = reinterpret_cast<const uint16_t*>(packed.data_ptr<at::BFloat16>());
   float* yp = y.data_ptr<float>();
   const int64_t panel_size = packed.size(1) * kBf16PanelPairStride;
-  // rows per pass over the weights: an x slice of ~384 KiB stays in L2 while a thread's panels stream past
-  const int64_t kChunkRows = std::clamp<int64_t>((384 << 10) / (K * 4), 48, 1024);
-  // the dot-product path takes adjacent panels two at a time (a 64-column block per pass over x),
-  // except in batch-invariant mode, which keeps one accumulation order for every row count
-  const int64_t span = dp && !tokenmill_isa::batch_invariant() ? 2 : 1;
+  const int64_t kChunkRows = chunk_rows(K);
+  // the two-panel kernels take adjacent panels two at a time (a 64-column block per pass over x);
+  // batch-invariant mode keeps the one-panel kernels, one accumulation order for every row count
+  const int64_t span = pair_path(M) ? 2 : 1;
   at::parallel_for(0, (panels + span - 1) / span, span == 2 ? 1 : 2, [&](int64_t begin, int64_t end) {
     for (int64_t c0 = 0; c0 < M; c0 += kChunkRows) {
       const int64_t rows = std::min(kChunkRows, M - c0);
@@ -221,23 +235,18 @@ at::Tensor bf16_swiglu(const at::Tensor& x, const at::Tensor& packed, int64_t in
   TORCH_CHECK(inter > 0 && inter % kBf16PanelCols == 0 && packed.dim() == 4 &&
                   packed.size(0) == 2 * inter / kBf16PanelCols, "bf16_swiglu: packed must hold [2 * ", inter,
               ", K] with ", inter, " a multiple of ", kBf16PanelCols);
-  const int64_t M = x.dim() == 2 ? x.size(0) : 0;
-  const bool fused = tokenmill_isa::active_level() == tokenmill_isa::Level::kAvx512Bf16 && M > 2 &&
-                     !tokenmill_isa::batch_invariant();
-  if (!fused) return silu_and_mul(bf16_panel_linear(x, packed, 2 * inter, c10::nullopt));
+  if (x.dim() != 2 || !pair_path(x.size(0)))
+    return silu_and_mul(bf16_panel_linear(x, packed, 2 * inter, c10::nullopt));
   TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16, "x: [M, K] float32 or bfloat16");
-  const int64_t K = x.size(1);
-  TORCH_CHECK(packed.scalar_type() == at::kBFloat16 && packed.size(1) == (K + 1) / 2 &&
-                  packed.size(2) == kBf16PanelCols && packed.size(3) == 2 && packed.is_contiguous(),
-              "packed does not hold [", 2 * inter, ", ", K, "]");
+  const int64_t M = x.size(0), K = x.size(1);
+  check_packed(packed, 2 * inter, K);
   const at::Tensor xc = bf16_rows(x);
   auto y = new_tensor({M, inter}, x.options().dtype(at::kBFloat16));
   const auto* xb = reinterpret_cast<const uint16_t*>(xc.data_ptr<at::BFloat16>());
   const auto* pp = reinterpret_cast<const uint16_t*>(packed.data_ptr<at::BFloat16>());
   auto* yp = reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>());
   const int64_t panel_size = packed.size(1) * kBf16PanelPairStride, pairs = inter / kBf16PanelCols;
-  // as in bf16_panel_linear: an x slice of ~384 KiB stays in L2 while a thread's panels stream past
-  const int64_t kChunkRows = std::clamp<int64_t>((384 << 10) / (K * 4), 48, 1024);
+  const int64_t kChunkRows = chunk_rows(K);
   at::parallel_for(0, pairs, 1, [&](int64_t begin, int64_t end) {
     for (int64_t c0 = 0; c0 < M; c0 += kChunkRows) {
       const int64_t rows = std::min(kChunkRows, M - c0);
@@ -256,20 +265,15 @@ at::Tensor bf16_swiglu(const at::Tensor& x, const at::Tensor& packed, int64_t in
 // bf16_panel_linear, so the same values), merged at the end. Elsewhere bf16_panel_linear + argmax.
 at::Tensor bf16_argmax_linear(const at::Tensor& x, const at::Tensor& packed, int64_t N, int64_t n_valid) {
   TORCH_CHECK(n_valid > 0 && n_valid <= N, "n_valid must be in [1, N]");
-  const int64_t M = x.dim() == 2 ? x.size(0) : 0;
-  const bool fused = tokenmill_isa::active_level() == tokenmill_isa::Level::kAvx512Bf16 && M > 2 &&
-                     !tokenmill_isa::batch_invariant();
-  if (!fused) return bf16_panel_linear(x, packed, N, c10::nullopt).narrow(1, 0, n_valid).argmax(1);
-  const int64_t K = x.size(1), panels = packed.size(0);
-  TORCH_CHECK(packed.scalar_type() == at::kBFloat16 && packed.dim() == 4 && packed.size(1) == (K + 1) / 2 &&
-                  packed.size(2) == kBf16PanelCols && packed.size(3) == 2 && packed.is_contiguous() &&
-                  panels == (N + kBf16PanelCols - 1) / kBf16PanelCols,
-              "packed does not hold [", N, ", ", K, "]");
+  if (x.dim() != 2 || !pair_path(x.size(0)))
+    return bf16_panel_linear(x, packed, N, c10::nullopt).narrow(1, 0, n_valid).argmax(1);
+  const int64_t M = x.size(0), K = x.size(1);
+  check_packed(packed, N, K);
+  const int64_t panels = packed.size(0);
   const at::Tensor xc = bf16_rows(x);
   const auto* xb = reinterpret_cast<const uint16_t*>(xc.data_ptr<at::BFloat16>());
   const auto* pp = reinterpret_cast<const uint16_t*>(packed.data_ptr<at::BFloat16>());
-  const int64_t panel_size = packed.size(1) * kBf16PanelPairStride;
-  const int64_t kChunkRows = std::clamp<int64_t>((384 << 10) / (K * 4), 48, 1024);
+  const int64_t panel_size = packed.size(1) * kBf16PanelPairStride, kChunkRows = chunk_rows(K);
   std::vector<float> best_v(M, -std::numeric_limits<float>::infinity());
   std::vector<int64_t> best_i(M, -1);
   std::mutex merge;

@@ -20,8 +20,8 @@ namespace tm_avx512_detail {
 
 // Two panels at once through vdpbf16ps: an MR x 64 block (p0's 32 columns, then p1's) in 4
 // accumulators per row, MR <= 6 (24 of the 32 zmm). Each broadcast of x feeds four dot products
-// instead of two: 10 loads per 24 vdpbf16ps against 14 for bf16_dp_kernel's 12 x 32 block, measured
-// 1.1x faster on the default model's shapes (docs/BENCHMARKS.md). acc[r][0..3] = columns 0-15,
+// instead of two: 10 loads per 24 vdpbf16ps against 14 for bf16_dp_kernel's 12 x 32 block (our 2048^3
+// bf16 GEMM: 268 -> 391-403 GFLOP/s on Zen 4, docs/BENCHMARKS.md session 23). acc[r][0..3] = columns 0-15,
 // 16-31 (p0), 32-47, 48-63 (p1).
 template <int MR, int S>
 __attribute__((always_inline)) inline void dp2_accumulate(const uint16_t* x, int64_t lda, int64_t K,
@@ -77,7 +77,8 @@ void bf16_dp2_kernel(const uint16_t* x, int64_t lda, int64_t K, const uint16_t* 
   dp2_accumulate<MR, dp2_sets(MR)>(x, lda, K, p0, p1, acc);
 #pragma GCC unroll 8
   for (int r = 0; r < MR; ++r)
-    for (int j = 0; j < 4; ++j) store16(y + r * ldy + 16 * j, bias ? bias + 16 * j : nullptr, acc[r][j], ncols - 16 * j);
+    for (int j = 0; j < 4; ++j)
+      store16(y + r * ldy + 16 * j, bias ? bias + 16 * j : nullptr, acc[r][j], ncols - 16 * j);
 }
 
 // SwiGLU: y[MR, ncols <= 32] (bf16) = silu(x . pg) * (x . pu), for the down projection, which rounds
