@@ -272,3 +272,31 @@ def test_bf16_argmax_linear_matches_the_logits_argmax(level, m, n, k, n_valid, r
     logits = torch.ops.tokenmill.bf16_panel_linear(x, packed, n, None)[:, :n_valid]
     assert ids.dtype == torch.int64 and torch.equal(ids, logits.argmax(-1))
     assert ids[0] == min(n // 3 + 1, n // 2)
+
+
+@pytest.mark.parametrize("threads", [2, 3])
+@pytest.mark.parametrize("m,n,k", [(40, 192, 64), (27, 576, 48), (12, 64, 40), (11, 320, 32)])
+def test_bf16_gemms_share_odd_panel_pairs_by_rows(threads, m, n, k, restore_isa):
+    """On the two-panel path a thread count that does not divide the panel pairs (576 columns: 9 pairs
+    on 2 threads) shares the pairs left over by row slices (12 rows or more; 11 keeps whole pairs):
+    every row of every pair is computed once. Linear against float64 over bf16-rounded x (1e-5 of the
+    largest), SwiGLU within one bf16 rounding, the argmax equal to the logits' argmax (tolerance 0)."""
+    if "avx512_bf16" not in cpu_ops.runnable_levels():
+        pytest.skip(f"this CPU has no AVX512_BF16 ({cpu_ops.isa()})")
+    cpu_ops.set_isa("avx512_bf16")
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        g = torch.Generator().manual_seed(m + n + k)
+        w, x = torch.randn(n, k, generator=g).bfloat16(), torch.randn(m, k, generator=g)
+        packed = torch.ops.tokenmill.pack_bf16_panels(w)
+        ref = F.linear(x.bfloat16().double(), w.double())
+        assert rel_err(torch.ops.tokenmill.bf16_panel_linear(x, packed, n, None), ref) < 1e-5
+        y = torch.ops.tokenmill.bf16_swiglu(x, packed, n // 2)
+        sw = F.silu(ref[:, :n // 2]) * ref[:, n // 2:]
+        assert ((y.double() - sw).abs() <= sw.abs() * 2 ** -8 + 1e-5 * sw.abs().max()).all()
+        ids = torch.ops.tokenmill.bf16_argmax_linear(x, packed, n, n - 3)
+        logits = torch.ops.tokenmill.bf16_panel_linear(x, packed, n, None)[:, :n - 3]
+        assert torch.equal(ids, logits.argmax(-1))
+    finally:
+        torch.set_num_threads(before)

@@ -180,3 +180,21 @@ def test_prefill_attention_bf16_math(lq, context, heads, kv_heads, d, isa, kv_dt
     if bf16_math:  # the rounding shows: the float32 path is closer
         f32 = torch.ops.tokenmill.prefill_attention(q, k.float(), v.float(), context, d ** -0.5, False)
         assert (f32 - ref).abs().max() < (out - ref).abs().max() or lq == 1
+
+
+@pytest.mark.parametrize("lq,context,heads,kv_heads,d", [
+    (1, 0, 9, 3, 64), (37, 0, 9, 3, 64), (200, 130, 9, 3, 64), (33, 0, 4, 2, 30), (20, 11, 3, 1, 7)])
+def test_prefill_attention_bf16_views_pack_like_float32_rows(lq, context, heads, kv_heads, d):
+    """bf16 K/V views of one fused bf16 tensor (the model's qkv output; odd key counts, D = 30, odd D)
+    are packed as 32-bit words; float32 rows holding the same values go through the per-element
+    conversion. Both feed the same bf16 math, so the outputs must be identical (exact equality)."""
+    g = torch.Generator().manual_seed(lq + 3 * context + d)
+    fused = torch.randn(context + lq, (heads + 2 * kv_heads) * d, generator=g).bfloat16()
+    q = fused[context:, :heads * d].view(lq, heads, d).float()
+    k = fused[:, heads * d:(heads + kv_heads) * d].view(context + lq, kv_heads, d)
+    v = fused[:, (heads + kv_heads) * d:].view(context + lq, kv_heads, d)
+    views = torch.ops.tokenmill.prefill_attention(q, k, v, context, d ** -0.5, True)
+    rows = torch.ops.tokenmill.prefill_attention(q, k.float(), v.float(), context, d ** -0.5, True)
+    assert torch.equal(views, rows)
+    ref = sdpa_causal(q.double(), k.double(), v.double(), context, d ** -0.5).float()
+    torch.testing.assert_close(views, ref, atol=2e-2, rtol=2e-2)

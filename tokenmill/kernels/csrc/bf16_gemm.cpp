@@ -138,6 +138,28 @@ inline bool pair_path(int64_t M) {
          !tokenmill_isa::batch_invariant();
 }
 
+// Splits a GEMM's column units (panel pairs) and M rows over the threads, calling
+// body(u0, u1, r0, r1) for the units [u0, u1) over the rows [r0, r1) in one thread. Whole units go
+// out while they divide evenly; each unit left over is shared by row slices. With one unit per pass
+// the layers of the default model do not divide: o_proj and down_proj have 9 (576 columns), qkv 15,
+// so on 2 threads one idled for a ninth or a fifteenth of every such GEMM. Few rows (< 12) keep whole
+// units: there a slice would be a fraction of one micro-kernel block.
+template <typename Body>
+void for_balanced_units(int64_t units, int64_t M, const Body& body) {
+  const int64_t T = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), M >= 12 ? M : units));
+  at::parallel_for(0, T, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      if (M < 12) {  // contiguous whole units, as parallel_for would hand them out
+        body(units * t / T, units * (t + 1) / T, 0, M);
+        continue;
+      }
+      const int64_t whole = units / T;
+      if (whole > 0) body(t * whole, (t + 1) * whole, 0, M);
+      if (T * whole < units) body(T * whole, units, M * t / T, M * (t + 1) / T);
+    }
+  });
+}
+
 void check_packed(const at::Tensor& packed, int64_t N, int64_t K) {
   TORCH_CHECK(packed.scalar_type() == at::kBFloat16 && packed.dim() == 4 && packed.size(2) == kBf16PanelCols &&
                   packed.size(3) == 2 && packed.is_contiguous(), "packed: [N/32, K/2, 32, 2] bfloat16");
@@ -198,9 +220,9 @@ at::Tensor bf16_panel_linear(const at::Tensor& x, const at::Tensor& packed, int6
   // the two-panel kernels take adjacent panels two at a time (a 64-column block per pass over x);
   // batch-invariant mode keeps the one-panel kernels, one accumulation order for every row count
   const int64_t span = pair_path(M) ? 2 : 1;
-  at::parallel_for(0, (panels + span - 1) / span, span == 2 ? 1 : 2, [&](int64_t begin, int64_t end) {
-    for (int64_t c0 = 0; c0 < M; c0 += kChunkRows) {
-      const int64_t rows = std::min(kChunkRows, M - c0);
+  auto run = [&](int64_t begin, int64_t end, int64_t r0, int64_t r1) {
+    for (int64_t c0 = r0; c0 < r1; c0 += kChunkRows) {
+      const int64_t rows = std::min(kChunkRows, r1 - c0);
       for (int64_t pi = begin * span; pi < std::min(end * span, panels); pi += span) {
         const int64_t n0 = pi * kBf16PanelCols, ncols = std::min(span * kBf16PanelCols, N - n0);
         const uint16_t* panel = pp + pi * panel_size;
@@ -221,7 +243,11 @@ at::Tensor bf16_panel_linear(const at::Tensor& x, const at::Tensor& packed, int6
         }
       }
     }
-  });
+  };
+  if (span == 2)
+    for_balanced_units((panels + 1) / 2, M, run);
+  else
+    at::parallel_for(0, panels, 2, [&](int64_t begin, int64_t end) { run(begin, end, 0, M); });
   return y;
 }
 
@@ -247,9 +273,9 @@ at::Tensor bf16_swiglu(const at::Tensor& x, const at::Tensor& packed, int64_t in
   auto* yp = reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>());
   const int64_t panel_size = packed.size(1) * kBf16PanelPairStride, pairs = inter / kBf16PanelCols;
   const int64_t kChunkRows = chunk_rows(K);
-  at::parallel_for(0, pairs, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t c0 = 0; c0 < M; c0 += kChunkRows) {
-      const int64_t rows = std::min(kChunkRows, M - c0);
+  for_balanced_units(pairs, M, [&](int64_t begin, int64_t end, int64_t r0, int64_t r1) {
+    for (int64_t c0 = r0; c0 < r1; c0 += kChunkRows) {
+      const int64_t rows = std::min(kChunkRows, r1 - c0);
       for (int64_t pi = begin; pi < end; ++pi)
         tm_avx512_bf16::bf16_swiglu_rows(xb + c0 * K, K, rows, K, pp + pi * panel_size,
                                          pp + (pairs + pi) * panel_size, yp + c0 * inter + pi * kBf16PanelCols,
@@ -277,11 +303,11 @@ at::Tensor bf16_argmax_linear(const at::Tensor& x, const at::Tensor& packed, int
   std::vector<float> best_v(M, -std::numeric_limits<float>::infinity());
   std::vector<int64_t> best_i(M, -1);
   std::mutex merge;
-  at::parallel_for(0, (panels + 1) / 2, 1, [&](int64_t begin, int64_t end) {
+  for_balanced_units((panels + 1) / 2, M, [&](int64_t begin, int64_t end, int64_t r0, int64_t r1) {
     std::vector<float> lv(M * 16, -std::numeric_limits<float>::infinity());
     std::vector<int32_t> li(M * 16, -1);
-    for (int64_t c0 = 0; c0 < M; c0 += kChunkRows) {
-      const int64_t rows = std::min(kChunkRows, M - c0);
+    for (int64_t c0 = r0; c0 < r1; c0 += kChunkRows) {
+      const int64_t rows = std::min(kChunkRows, r1 - c0);
       for (int64_t u = begin; u < end; ++u) {
         const uint16_t* p0 = pp + 2 * u * panel_size;
         // an odd last panel pairs with itself: its second copy's columns are past N, never valid
@@ -291,7 +317,7 @@ at::Tensor bf16_argmax_linear(const at::Tensor& x, const at::Tensor& packed, int
       }
     }
     std::lock_guard<std::mutex> lock(merge);
-    for (int64_t r = 0; r < M; ++r)
+    for (int64_t r = r0; r < r1; ++r)
       for (int l = 0; l < 16; ++l) {
         const float v = lv[16 * r + l];
         const int64_t i = li[16 * r + l];

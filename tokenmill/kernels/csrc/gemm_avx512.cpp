@@ -17,6 +17,7 @@
 #include "avx512_intrinsics.h"
 
 TM_AVX512_BEGIN("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma,f16c")
+#include "exp512.h"
 #include "gemm_avx512_common.h"
 
 // Named (not anonymous) so that tests/test_cpu_isa.py can check in the built library that AVX-512
@@ -224,6 +225,19 @@ void round_to_bf16(const float* x, uint16_t* y, int64_t n) {
     _mm256_mask_storeu_epi16(y + i, m, reinterpret_cast<const __m256i&>(r));
   }
 }
+
+float exp_round_row(const float* s, int64_t n, int64_t width, float mx, uint16_t* p) {
+  const __m512 m = _mm512_set1_ps(mx);
+  __m512 sum = _mm512_setzero_ps();
+  for (int64_t i = 0; i < width; i += 16) {
+    const __mmask16 k = cols_mask(n - i);
+    const __m512 e = _mm512_maskz_mov_ps(k, tm_avx512_math::exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, s + i), m)));
+    sum = _mm512_add_ps(sum, e);
+    const __m256bh r = _mm512_cvtneps_pbh(e);
+    _mm256_mask_storeu_epi16(p + i, cols_mask(width - i), reinterpret_cast<const __m256i&>(r));
+  }
+  return _mm512_reduce_add_ps(sum);
+}
 }  // namespace tm_avx512_bf16
 
 namespace tm_avx512 {
@@ -258,6 +272,7 @@ void bf16_panel_rows_acc(const uint16_t*, int64_t, int64_t, int64_t, const uint1
   std::abort();
 }
 void round_to_bf16(const float*, uint16_t*, int64_t) { std::abort(); }
+float exp_round_row(const float*, int64_t, int64_t, float, uint16_t*) { std::abort(); }
 }  // namespace tm_avx512_bf16
 namespace tm_avx512 {
 void bf16_panel_rows(const float*, int64_t, int64_t, int64_t, const uint16_t*, const float*, float*, int64_t,

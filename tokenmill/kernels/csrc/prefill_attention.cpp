@@ -51,7 +51,7 @@ void o_rows(bool avx512, const float* x, int64_t lda, int64_t M, int64_t K, cons
 }
 
 constexpr int64_t QB = 32;  // queries per task and head
-constexpr int64_t KB = 64;  // keys per block (4 panels)
+constexpr int64_t KB = 128;  // keys per block (four bf16 panels, eight float32 ones)
 
 // One task's working set: its M = G * nq query rows (row g * nq + i: query q0 + i of head h * G + g).
 struct Scratch {
@@ -119,6 +119,27 @@ void softmax_block(bool avx512, Scratch& w, int64_t M, int64_t nq, int64_t D, in
   }
 }
 
+// softmax_block for the bf16 path: the numerators go straight to w.pb as bf16 (w.s is left as is).
+void softmax_block_bf16(Scratch& w, int64_t M, int64_t nq, int64_t D, int64_t pos0, int64_t kb0, int64_t nk) {
+  for (int64_t r = 0; r < M; ++r) {
+    const int64_t n = std::clamp<int64_t>(pos0 + r % nq - kb0 + 1, 0, nk);
+    const float* s = w.s.data() + r * KB;
+    uint16_t* p = w.pb.data() + r * KB;
+    if (n == 0) {
+      std::fill(p, p + nk, uint16_t{0});
+      continue;
+    }
+    const float mx = std::max(w.m[r], tm_avx512::row_max(s, n));
+    const float alpha = std::exp(w.m[r] - mx);
+    w.l[r] = w.l[r] * alpha + tm_avx512_bf16::exp_round_row(s, n, nk, mx, p);
+    w.m[r] = mx;
+    if (alpha != 1.f) {
+      float* o = w.o.data() + r * D;
+      for (int64_t d = 0; d < D; ++d) o[d] *= alpha;
+    }
+  }
+}
+
 // kp: this KV head's keys packed transposed, [Lk/16][D][16]; vp: its values, [D/16][Lk16][16].
 void attend_block(const float* q, const float* kp, const float* vp, int64_t Lk16, float* out, int64_t context,
                   int64_t q0, int64_t nq, int64_t h, int64_t G, int64_t D, const int64_t qs[2], int64_t H,
@@ -160,8 +181,7 @@ void attend_block_bf16(const float* q, const uint16_t* kp, const uint16_t* vp, i
     for (int64_t p = 0; p * BC < nk; ++p)
       tm_avx512_bf16::bf16_panel_rows(w.qb.data(), D, M, D, kp + (kb0 / BC + p) * D2 * PS, nullptr,
                                       w.s.data() + p * BC, KB, std::min(BC, nk - p * BC));
-    softmax_block(true, w, M, nq, D, context + q0, kb0, nk);
-    for (int64_t r = 0; r < M; ++r) tm_avx512_bf16::round_to_bf16(w.s.data() + r * KB, w.pb.data() + r * KB, nk);
+    softmax_block_bf16(w, M, nq, D, context + q0, kb0, nk);
     for (int64_t p = 0; p < dpanels; ++p)
       tm_avx512_bf16::bf16_panel_rows_acc(w.pb.data(), KB, M, nk, vp + (p * Lk2 + kb0 / 2) * PS,
                                           w.o.data() + p * BC, D, std::min(BC, D - p * BC));
@@ -181,6 +201,37 @@ struct Bf16Source {
     return bf16 ? static_cast<const uint16_t*>(data)[i] : bf16_bits(static_cast<const float*>(data)[i]);
   }
 };
+
+// Keys j0 .. j1 - 1 (one panel, j0 even) of bf16 sources into the panels of prefill_bf16, as 32-bit words:
+// a key's (d, d + 1) pair is one word of its row (K panel row d / 2, lane j - j0); a V word holds
+// dim d of keys j and j + 1 (low half: the even key; past the last key, the packs' zero fill).
+void pack_words(const Bf16Source& kb, const Bf16Source& vb, int64_t h, int64_t j0, int64_t j1, int64_t D,
+                int64_t Lk2, uint16_t* kdst, uint16_t* vdst) {
+  const auto* ks = static_cast<const uint16_t*>(kb.data);
+  const auto* vs = static_cast<const uint16_t*>(vb.data);
+  auto* kw = reinterpret_cast<uint32_t*>(kdst);
+  auto* vw = reinterpret_cast<uint32_t*>(vdst);
+  for (int64_t j = j0; j < j1; ++j) {
+    const uint16_t* row = ks + j * kb.s0 + h * kb.s1;
+    for (int64_t d2 = 0; d2 < D / 2; ++d2) {
+      uint32_t w;
+      std::memcpy(&w, row + 2 * d2, 4);
+      kw[d2 * (PS / 2) + (j - j0)] = w;
+    }
+  }
+  for (int64_t j = j0; j < j1; j += 2) {
+    const uint16_t* a = vs + j * vb.s0 + h * vb.s1;
+    const uint16_t* b = j + 1 < j1 ? vs + (j + 1) * vb.s0 + h * vb.s1 : nullptr;
+    for (int64_t d0 = 0; d0 < D; d0 += BC) {
+      uint32_t* dst = vw + ((d0 / BC) * Lk2 + j / 2) * (PS / 2);
+      const int64_t nd = std::min(BC, D - d0);
+      if (b != nullptr)
+        for (int64_t d = 0; d < nd; ++d) dst[d] = uint32_t(a[d0 + d]) | (uint32_t(b[d0 + d]) << 16);
+      else
+        for (int64_t d = 0; d < nd; ++d) dst[d] = a[d0 + d];
+    }
+  }
+}
 
 // Runs `task(h, q0, nq)` for every (KV head, block of QB queries), zig-zag over the query blocks
 // (0, last, 1, last-1, ...) so that contiguous thread ranges get equal work.
@@ -203,12 +254,17 @@ void prefill_bf16(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   const int64_t kstride = kpanels * D2 * PS, vstride = dpanels * Lk2 * PS;  // uint16 per KV head
   std::vector<uint16_t> kpack(Hkv * kstride, 0), vpack(Hkv * vstride, 0);
   const Bf16Source kb(k), vb(v);
+  const bool words = kb.bf16 && vb.bf16 && D % 2 == 0;  // bf16 rows: pack 32-bit words, no conversion
   at::parallel_for(0, Hkv * kpanels, 1, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
-      const int64_t h = t / kpanels, j0 = (t % kpanels) * BC;
+      const int64_t h = t / kpanels, j0 = (t % kpanels) * BC, j1 = std::min(j0 + BC, Lk);
       uint16_t* kdst = kpack.data() + h * kstride + (j0 / BC) * D2 * PS;  // [D2][32][2] of keys j0..j0+31
       uint16_t* vdst = vpack.data() + h * vstride;                           // [dpanel][Lk2][32][2]
-      for (int64_t j = j0; j < std::min(j0 + BC, Lk); ++j)
+      if (words) {
+        pack_words(kb, vb, h, j0, j1, D, Lk2, kdst, vdst);
+        continue;
+      }
+      for (int64_t j = j0; j < j1; ++j)
         for (int64_t d = 0; d < D; ++d) {
           kdst[(d / 2) * PS + (j - j0) * 2 + (d & 1)] = kb(j, h, d);
           vdst[((d / BC) * Lk2 + j / 2) * PS + (d % BC) * 2 + (j & 1)] = vb(j, h, d);
