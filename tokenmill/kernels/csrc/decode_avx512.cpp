@@ -17,14 +17,13 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
-#include <type_traits>
 
 #include "decode_isa.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include "avx512_intrinsics.h"
 
-TM_AVX512_BEGIN("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma")
+TM_AVX512_BEGIN("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma")
 #include "exp512.h"
 
 namespace tm_avx512_decode {
@@ -133,53 +132,6 @@ inline void score_tile(const float* qp, const T* k, const int64_t* slots, int64_
   for (int g = 0; g < G; ++g) _mm512_mask_storeu_ps(s + g * ld, m, reduce_folded(buf + g * TB * 8));
 }
 
-// score_tile with bf16 products (AVX512_BF16 only): qrows holds the heads' q rows as bf16 in column
-// order ([G][D]), which the caller has checked are exactly q (a bf16 model's q), so each
-// vdpbf16ps product is exact and only the float32 sums' order differs from score_tile; the K rows
-// feed it as they lie in the cache (no widening). Scores are scaled after the sum.
-template <int G, int ND>
-inline void score_tile_dp(const uint16_t* qrows, const uint16_t* k, const int64_t* slots, int64_t n, int64_t Hkv,
-                          int64_t h, float* s, int64_t ld, float* buf, float scale) {
-  constexpr int64_t D = 32 * ND;
-  __m512i qb[G * ND];
-#pragma GCC unroll 16
-  for (int u = 0; u < G * ND; ++u) qb[u] = _mm512_loadu_si512(qrows + 32 * u);
-  for (int64_t i = 0; i < n; i += 2) {
-    const uint16_t* r0 = k + (slots[i] * Hkv + h) * D;
-    const uint16_t* r1 = i + 1 < n ? k + (slots[i + 1] * Hkv + h) * D : r0;
-    __m512i x0[ND], x1[ND];
-#pragma GCC unroll 4
-    for (int j = 0; j < ND; ++j) {
-      x0[j] = _mm512_loadu_si512(r0 + 32 * j);
-      x1[j] = _mm512_loadu_si512(r1 + 32 * j);
-    }
-#pragma GCC unroll 8
-    for (int g = 0; g < G; ++g) {
-      __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
-#pragma GCC unroll 4
-      for (int j = 0; j < ND; ++j) {
-        const __m512bh q = reinterpret_cast<const __m512bh&>(qb[g * ND + j]);
-        a0 = _mm512_dpbf16_ps(a0, q, reinterpret_cast<const __m512bh&>(x0[j]));
-        a1 = _mm512_dpbf16_ps(a1, q, reinterpret_cast<const __m512bh&>(x1[j]));
-      }
-      _mm512_storeu_ps(buf + (g * TB + i) * 8, fold2(a0, a1));
-    }
-  }
-  const __mmask16 m = first_lanes(n);
-  const __m512 sc = _mm512_set1_ps(scale);
-#pragma GCC unroll 8
-  for (int g = 0; g < G; ++g) _mm512_mask_storeu_ps(s + g * ld, m, _mm512_mul_ps(reduce_folded(buf + g * TB * 8), sc));
-}
-
-// True when every float of q[0:n] is a bf16 value (its low 16 bits zero): then rounding q to bf16 loses nothing.
-inline bool bf16_exact(const float* q, int64_t n) {
-  __m512i acc = _mm512_setzero_si512();
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16) acc = _mm512_or_si512(acc, _mm512_loadu_si512(q + i));
-  if (i < n) acc = _mm512_or_si512(acc, _mm512_maskz_loadu_epi32(first_lanes(n - i), q + i));
-  return _mm512_test_epi32_mask(acc, _mm512_set1_epi32(0xFFFF)) == 0;
-}
-
 // o[g] += sum over the tile's tokens i of p[g * ld + i] * v_i (rows of KV head h), o permuted as qp.
 template <int G, int ND, typename T>
 inline void value_tile(const float* p, int64_t ld, const T* v, const int64_t* slots, int64_t n, int64_t Hkv,
@@ -204,7 +156,7 @@ inline void value_tile(const float* p, int64_t ld, const T* v, const int64_t* sl
   for (int u = 0; u < G * 2 * ND; ++u) _mm512_storeu_ps(o + 16 * u, acc[u]);
 }
 
-template <int G, int ND, bool DP, typename T>
+template <int G, int ND, typename T>
 void decode_seq(const float* q, const T* k, const T* v, const int64_t* slots, int64_t len, float* out,
                 int64_t Hkv, int64_t h0, int64_t h1, float scale, float* scratch) {
   constexpr int64_t D = 32 * ND, per_head = G * D;  // floats of q (or o) per KV head
@@ -213,16 +165,8 @@ void decode_seq(const float* q, const T* k, const T* v, const int64_t* slots, in
   float* o = qp + nh * per_head;  // [nh][G][2 ND][16], permuted
   float* buf = o + nh * per_head;  // [G][8][16] used: a tile's token pairs, folded (score_tile)
   float* s = buf + G * TB * 16;   // [nh][G][len]
-  uint16_t* qb = reinterpret_cast<uint16_t*>(qp);  // DP: q as bf16 [nh][G][D] in qp's place
   for (int64_t r = 0; r < nh * G; ++r) {
     const float* qr = q + (h0 * G + r) * D;
-    if constexpr (DP) {  // exact: the caller checked that q holds bf16 values
-      for (int64_t j = 0; j < ND; ++j) {
-        const __m512bh b = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(qr + 32 * j + 16), _mm512_loadu_ps(qr + 32 * j));
-        _mm512_storeu_si512(qb + r * D + 32 * j, reinterpret_cast<const __m512i&>(b));
-      }
-      continue;
-    }
     for (int64_t j = 0; j < ND; ++j)
       for (int half = 0; half < 2; ++half)
         for (int64_t i = 0; i < 16; ++i)
@@ -233,13 +177,8 @@ void decode_seq(const float* q, const T* k, const T* v, const int64_t* slots, in
     const int64_t n = std::min(TB, len - t0);
     if (t0 == 0) prefetch_rows(k, slots + n, std::min(TB, len - n), row);
     { const int64_t a = std::min(len, t0 + 2 * TB); prefetch_rows(k, slots + a, std::min(TB, len - a), row); }
-    for (int64_t h = h0; h < h1; ++h) {
-      float* sh = s + (h - h0) * G * len + t0;
-      if constexpr (DP)
-        score_tile_dp<G, ND>(qb + (h - h0) * G * D, k, slots + t0, n, Hkv, h, sh, len, buf, scale);
-      else
-        score_tile<G, ND>(qp + (h - h0) * per_head, k, slots + t0, n, Hkv, h, sh, len, buf);
-    }
+    for (int64_t h = h0; h < h1; ++h)
+      score_tile<G, ND>(qp + (h - h0) * per_head, k, slots + t0, n, Hkv, h, s + (h - h0) * G * len + t0, len, buf);
   }
   float inv[8 * 128];  // 1 / softmax denominators, one per query head (G <= 8, Hkv <= 128 on this path)
   for (int64_t r = 0; r < nh * G; ++r) inv[r] = softmax_numerators(s + r * len, len);
@@ -261,13 +200,10 @@ void decode_seq(const float* q, const T* k, const T* v, const int64_t* slots, in
 
 template <typename T>
 bool dispatch(const float* q, const T* k, const T* v, const int64_t* slots, int64_t len, float* out, int64_t G,
-              int64_t Hkv, int64_t h0, int64_t h1, int64_t D, float scale, float* scratch, bool bf16_products) {
-  constexpr bool kBf16 = std::is_same_v<T, uint16_t>;  // (the products path exists for a bf16 cache only)
-  const bool dp = kBf16 && bf16_products && bf16_exact(q + h0 * G * D, (h1 - h0) * G * D);
+              int64_t Hkv, int64_t h0, int64_t h1, int64_t D, float scale, float* scratch) {
 #define TM_CASE(g, nd)                                                                          \
   if (G == g && D == 32 * nd) {                                                                 \
-    if (dp) decode_seq<g, nd, kBf16>(q, k, v, slots, len, out, Hkv, h0, h1, scale, scratch);    \
-    else decode_seq<g, nd, false>(q, k, v, slots, len, out, Hkv, h0, h1, scale, scratch);       \
+    decode_seq<g, nd>(q, k, v, slots, len, out, Hkv, h0, h1, scale, scratch);                  \
     return true;                                                                                \
   }
 #define TM_G(g) TM_CASE(g, 1) TM_CASE(g, 2) TM_CASE(g, 3) TM_CASE(g, 4)
@@ -306,13 +242,13 @@ int64_t decode_scratch_floats(int64_t G, int64_t len, int64_t D, int64_t heads) 
 
 bool decode_heads(const float* q, const void* k, const void* v, bool bf16, const int64_t* slots, int64_t len,
                   float* out, int64_t G, int64_t Hkv, int64_t h0, int64_t h1, int64_t D, float scale,
-                  float* scratch, bool bf16_products) {
+                  float* scratch) {
   if (len <= 0 || Hkv > 128) return false;
   if (bf16)
     return tm_avx512_decode::dispatch(q, static_cast<const uint16_t*>(k), static_cast<const uint16_t*>(v), slots,
-                                      len, out, G, Hkv, h0, h1, D, scale, scratch, bf16_products);
+                                      len, out, G, Hkv, h0, h1, D, scale, scratch);
   return tm_avx512_decode::dispatch(q, static_cast<const float*>(k), static_cast<const float*>(v), slots, len, out,
-                                    G, Hkv, h0, h1, D, scale, scratch, false);
+                                    G, Hkv, h0, h1, D, scale, scratch);
 }
 
 }  // namespace tm_avx512
@@ -326,7 +262,7 @@ float row_max(const float*, int64_t) { std::abort(); }
 float exp_sub_sum(float*, int64_t, float) { std::abort(); }
 int64_t decode_scratch_floats(int64_t, int64_t, int64_t, int64_t) { return 0; }
 bool decode_heads(const float*, const void*, const void*, bool, const int64_t*, int64_t, float*, int64_t, int64_t,
-                  int64_t, int64_t, int64_t, float, float*, bool) {
+                  int64_t, int64_t, int64_t, float, float*) {
   return false;
 }
 }  // namespace tm_avx512

@@ -13,12 +13,9 @@ namespace tm_avx512 {
 // scratch holds at least decode_scratch_floats(G, len, D, h1 - h0) floats.
 // Returns false, touching nothing, when this shape has no AVX-512 path (D % 32 != 0, D > 128,
 // or G not in {1, 2, 3, 4, 6, 8}).
-// bf16_products (a bf16 cache, AVX512_BF16 CPUs only): where the task's q rows hold bf16 values (a
-// bf16 model's q), the scores take vdpbf16ps over the raw cache rows; the products are exact, only the
-// float32 sums' order changes.
 bool decode_heads(const float* q, const void* k, const void* v, bool bf16, const int64_t* slots, int64_t len,
                   float* out, int64_t G, int64_t Hkv, int64_t h0, int64_t h1, int64_t D, float scale,
-                  float* scratch, bool bf16_products);
+                  float* scratch);
 int64_t decode_scratch_floats(int64_t G, int64_t len, int64_t D, int64_t heads);
 
 // vec_math.h's row_max and exp_sub_sum on 16 lanes with masked tails (no scalar libm tail); the

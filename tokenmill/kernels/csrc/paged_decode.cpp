@@ -239,8 +239,7 @@ template <typename T>
 void attend_one(const float* q, const T* k, const T* v, const void* k_scale, const void* v_scale, bool log8,
                 const int64_t* table, int64_t len, float* out, int64_t H, int64_t Hkv, int64_t D,
                 int64_t block_size, float scale, int64_t window, int64_t h0, int64_t h1, bool avx512,
-                bool bf16_products, std::vector<float>& scores, std::vector<const T*>& rows,
-                std::vector<int64_t>& slots) {
+                std::vector<float>& scores, std::vector<const T*>& rows, std::vector<int64_t>& slots) {
   const int64_t G = H / Hkv;
   const int64_t first = window > 0 && len > window ? len - window : 0;  // the window's first token
   len -= first;
@@ -251,7 +250,7 @@ void attend_one(const float* q, const T* k, const T* v, const void* k_scale, con
     if (avx512 && k_scale == nullptr) {  // decode_avx512.cpp; false for shapes it has no path for
       scores.resize(tm_avx512::decode_scratch_floats(G, len, D, h1 - h0));
       if (tm_avx512::decode_heads(q, k, v, std::is_same_v<T, at::BFloat16>, slots.data(), len, out, G, Hkv, h0, h1,
-                                  D, scale, scores.data(), bf16_products))
+                                  D, scale, scores.data()))
         return;
     }
   }
@@ -298,7 +297,6 @@ void decode_kernel(const float* q, const T* k, const T* v, const void* k_scale, 
   const int64_t splits = B >= 2 * at::get_num_threads() ? 1 : Hkv;
   const int64_t per = Hkv / splits;
   const bool avx512 = tokenmill_isa::active_level() >= tokenmill_isa::Level::kAvx512;
-  const bool bf16_products = tokenmill_isa::active_level() == tokenmill_isa::Level::kAvx512Bf16;
   const std::vector<int64_t> bounds = balanced_ranges(seq_lens, B, splits, window, at::get_num_threads());
   at::parallel_for(0, static_cast<int64_t>(bounds.size()) - 1, 1, [&](int64_t first, int64_t last) {
     std::vector<float> scores;
@@ -307,8 +305,8 @@ void decode_kernel(const float* q, const T* k, const T* v, const void* k_scale, 
     for (int64_t task = bounds[first]; task < bounds[last]; ++task) {
       const int64_t b = task / splits, h0 = (task % splits) * per;
       attend_one(q + b * H * D, k, v, k_scale, v_scale, log8, tables + b * max_blocks, seq_lens[b],
-                 out + b * H * D, H, Hkv, D, block_size, scale, window, h0, h0 + per, avx512, bf16_products, scores,
-                 rows, slots);
+                 out + b * H * D, H, Hkv, D, block_size, scale, window, h0, h0 + per, avx512, scores, rows,
+                 slots);
     }
   });
 }
