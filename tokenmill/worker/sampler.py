@@ -1,7 +1,8 @@
 """Vectorised sampling over the batch: penalties, temperature, top-k, top-p, min-p, seeds, logprobs.
 
-Random rows use the exponential-race trick (argmax of p / Exp(1) noise is a sample from p), so a
-seeded request only needs its own noise row: its samples do not depend on who else is in the batch.
+Random rows draw by inverting their CDF at one uniform each (`draw_by_cdf`); seeded rows use the
+exponential-race trick (argmax of p / Exp(1) noise is a sample from p), so a seeded request only needs
+its own noise row: its samples do not depend on who else is in the batch.
 """
 from __future__ import annotations
 
@@ -70,7 +71,15 @@ class Sampler:
         return SamplerOutput(token_list, gather_logprobs(raw_logprobs, token_list, reqs))
 
     def _sample(self, logits: torch.Tensor, reqs: list[SamplingRequest]) -> torch.Tensor:
-        return self.race(self.probs(logits, reqs), reqs)
+        probs = self.probs(logits, reqs)
+        seeded = [i for i, r in enumerate(reqs) if r.params.seed is not None]
+        if not seeded:
+            return draw_by_cdf(probs)
+        # seeded rows keep the race: their draws come from their own generators (and replay across engines)
+        tokens = draw_by_cdf(probs)
+        idx = torch.tensor(seeded)
+        tokens[idx] = self.race(probs[idx], [reqs[i] for i in seeded])
+        return tokens
 
     def race(self, probs: torch.Tensor, reqs: list[SamplingRequest]) -> torch.Tensor:
         """One token per row drawn from probs (argmax of p / Exp(1) noise); a seeded request draws
@@ -125,6 +134,36 @@ class Sampler:
             probs = probs.masked_fill(probs < thresh, 0.0)
             probs = probs / probs.sum(dim=-1, keepdim=True)
         return probs
+
+
+CDF_BLOCK = 1024  # vocabulary entries per block of draw_by_cdf's two-level search
+
+
+def draw_by_cdf(probs: torch.Tensor) -> torch.Tensor:
+    """One token per row drawn from probs [B, V] (rows summing to ~1) by inverting its CDF at one
+    uniform per row: a block of CDF_BLOCK entries chosen by the float64 CDF of the block sums, then
+    the entry inside it by its own float64 CDF (float64 over short rows: no float32 drift across
+    49k entries). The exponential race draws V exponentials per row: 35 ms a step at 25 rows of a
+    49,152-entry vocabulary on 2 cores, against ~1-2 ms here. A zero-probability entry is never
+    drawn: the target lies in (0, total], and the first entry whose CDF reaches it adds mass."""
+    B, V = probs.shape
+    nb = -(-V // CDF_BLOCK)
+    padded = torch.nn.functional.pad(probs, (0, nb * CDF_BLOCK - V)).view(B, nb, CDF_BLOCK)
+    block_cdf = padded.sum(-1, dtype=torch.float64).cumsum(-1)  # [B, nb]
+    target = (1.0 - torch.rand(B, 1, dtype=torch.float64)) * block_cdf[:, -1:]  # in (0, total]
+    block = torch.searchsorted(block_cdf, target).clamp_(max=nb - 1)  # [B, 1]
+    before = torch.where(block > 0, block_cdf.gather(1, (block - 1).clamp(min=0)), torch.zeros_like(target))
+    inner = padded.gather(1, block[:, :, None].expand(B, 1, CDF_BLOCK))[:, 0].double().cumsum(-1)  # [B, BLOCK]
+    within = torch.searchsorted(inner, target - before).clamp_(max=CDF_BLOCK - 1)
+    tokens = (block * CDF_BLOCK + within).squeeze(1).clamp_(max=V - 1)
+    # float64 rounding can leave the target a hair past a block's last entry: step back to an entry with mass
+    bad = probs.gather(1, tokens[:, None])[:, 0] <= 0
+    for i in bad.nonzero().flatten().tolist():
+        mass = torch.nonzero(probs[i] > 0).flatten()
+        if len(mass):
+            earlier = mass[mass <= tokens[i]]
+            tokens[i] = earlier[-1] if len(earlier) else mass[0]
+    return tokens
 
 
 def _top_p(logits: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
