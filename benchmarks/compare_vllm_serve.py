@@ -12,7 +12,8 @@ the same run after the plain one (as `tokenmill-2`, `tokenmill-3`, ...) and comp
 Both servers get the default model's HF folder (tokenmill with `--quantization none`, so both run the
 same float weights; `--model` an AWQ folder for 4-bit in both), the same dtype (auto: bfloat16 on AVX-512 bf16 CPUs,
 as each engine decides; vLLM is given the dtype tokenmill resolved, so both compute in the same one),
-max_model_len 2048, and both cores (vLLM: tcmalloc and libiomp5 preloaded, OpenMP threads bound to
+max_model_len the model's context length (--max-model-len: so long-short-mix's 4096-token prompts are served,
+not refused), and both cores (vLLM: tcmalloc and libiomp5 preloaded, OpenMP threads bound to
 this process's cores, 4 GiB KV cache, as its CPU docs advise; the flags are recorded in
 vllm_flags.json). Server start-up is never measured. Prompts are text, exact lengths by the model's
 tokenizer; `ignore_eos` is sent to both (both accept it).
@@ -81,6 +82,10 @@ def serve_and_bench(name: str, cmd: list[str], env: dict, port: int, args, token
     return {"start_s": started, "cmd": cmd}
 
 
+def context_length(folder: str) -> int:
+    return int(json.loads((Path(folder) / "config.json").read_text())["max_position_embeddings"])
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--peer-venv", required=True)
@@ -92,7 +97,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workloads", default="chat,long-short-mix")
     p.add_argument("--sweep", default="1,2,4")
     p.add_argument("--num-requests", type=int, default=60)
-    p.add_argument("--max-model-len", type=int, default=2048)
+    p.add_argument("--max-model-len", type=int, default=None,
+                   help="both servers' max_model_len (default: the model's max_position_embeddings)")
     p.add_argument("--tokenmill-variant", action="append", default=[], metavar="FLAGS",
                    help="extra `tokenmill serve` flags for one more tokenmill server, e.g. \"--kv-cache-dtype int8\"")
     p.add_argument("--out", type=Path, default=Path("out") / f"serve-vs-vllm-{time.strftime('%Y%m%d-%H%M')}")
@@ -104,6 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     folder = args.model or str(resolve_default_model())
     quantization = args.quantization or (None if args.model else "none")
     dtype = resolve_dtype(args.dtype)
+    args.max_model_len = args.max_model_len or context_length(folder)
     try:
         vllm_py = peer_python(args.peer_venv)
     except PeerUnavailable as e:
@@ -117,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
                 "--dtype", dtype, "--max-model-len", str(args.max_model_len), "--seed", "0",
                 "--disable-log-stats"]
     env_peer = peer_env(args.peer_venv, kvcache_gib=4, preload=True)
-    record = {"date": time.strftime("%Y-%m-%d %H:%M"), "dtype": dtype, "argv": sys.argv, "model": folder,
+    record = {"date": time.strftime("%Y-%m-%d %H:%M"), "dtype": dtype, "max_model_len": args.max_model_len, "argv": sys.argv, "model": folder,
               "tokenmill_quantization": quantization,
               "vllm_env": {k: env_peer[k] for k in ("LD_PRELOAD", "VLLM_CPU_OMP_THREADS_BIND",
                                                     "VLLM_CPU_KVCACHE_SPACE") if k in env_peer}}

@@ -182,6 +182,30 @@ def test_prefill_attention_bf16_math(lq, context, heads, kv_heads, d, isa, kv_dt
         assert (f32 - ref).abs().max() < (out - ref).abs().max() or lq == 1
 
 
+@pytest.mark.parametrize("jump", [5.0, 6.2, 150.0])
+def test_prefill_attention_bf16_running_max_jumps(jump):
+    """The bf16 path takes its numerators against a running max that may lag the true one by up to
+    8 (log2 units) and rescales o and l only past that. One key (position 150, in the second
+    128-key block) scores `jump` above all others (natural units): 5.0 stays under the threshold (7.2
+    in log2: numerators up to 2^7.2, no rescale), 6.2 crosses it (8.9: rescale, while the first
+    block's keys keep ~17% of the weight, so a wrong rescale factor shows), 150 would overflow float32
+    without the rescale. Checked against float64 attention, atol/rtol 2e-2."""
+    if cpu_ops.isa_level() != "avx512_bf16":
+        pytest.skip("the bf16 path runs on AVX512_BF16 CPUs only")
+    lq, heads, kv_heads, d = 300, 4, 2, 32
+    g = torch.Generator().manual_seed(11)
+    q = torch.zeros(lq, heads, d)
+    q[..., 0] = d ** 0.5  # score of key j = k[j, 0]
+    k = (0.3 * torch.randn(lq, kv_heads, d, generator=g)).bfloat16()
+    k[..., 0] = 0
+    k[150, :, 0] = jump
+    v = torch.randn(lq, kv_heads, d, generator=g).bfloat16()
+    out = torch.ops.tokenmill.prefill_attention(q, k, v, 0, d ** -0.5, True)
+    ref = sdpa_causal(q.double(), k.double(), v.double(), 0, d ** -0.5).float()
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out, ref, atol=2e-2, rtol=2e-2)
+
+
 @pytest.mark.parametrize("lq,context,heads,kv_heads,d", [
     (1, 0, 9, 3, 64), (37, 0, 9, 3, 64), (200, 130, 9, 3, 64), (33, 0, 4, 2, 30), (20, 11, 3, 1, 7)])
 def test_prefill_attention_bf16_views_pack_like_float32_rows(lq, context, heads, kv_heads, d):

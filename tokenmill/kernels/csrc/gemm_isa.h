@@ -33,9 +33,10 @@ void bf16_swiglu_rows(const uint16_t* x, int64_t lda, int64_t M, int64_t K, cons
                       const uint16_t* up_panel, uint16_t* y, int64_t ldy, int64_t ncols);
 // y[0:n] = x[0:n] rounded to bf16 (nearest even; vcvtneps2bf16)
 void round_to_bf16(const float* x, uint16_t* y, int64_t n);
-// p[0:n] = exp(s[0:n] - mx) rounded to bf16, p[n:width] = 0; returns the sum of the unrounded exps
-// (prefill attention's softmax numerators, one pass instead of exp, store, fill and round)
-float exp_round_row(const float* s, int64_t n, int64_t width, float mx, uint16_t* p);
+// p[0:n] = 2^(s[0:n] - mx) rounded to bf16 (s <= mx + 8: scores in log2 units, mx a running max that may
+// lag), p[n:width] = 0; returns the sum of the unrounded values (prefill attention's softmax numerators,
+// one pass instead of exp, store, fill and round; relative error of the exp 5.7e-6)
+float exp2_round_row(const float* s, int64_t n, int64_t width, float mx, uint16_t* p);
 }  // namespace tm_avx512_bf16
 
 // The same from float32 x: bf16 weights widened in registers (AVX-512F, AVX2) or scalar.

@@ -50,6 +50,7 @@ void o_rows(bool avx512, const float* x, int64_t lda, int64_t M, int64_t K, cons
   else tokenmill_gemm::panel_rows<true>(x, lda, M, K, panel, nullptr, y, ldy, ncols);
 }
 
+constexpr float kLog2e = 1.44269504088896341f;
 constexpr int64_t QB = 32;  // queries per task and head
 constexpr int64_t KB = 128;  // keys per block (four bf16 panels, eight float32 ones)
 
@@ -58,10 +59,12 @@ struct Scratch {
   std::vector<float> q, s, o, m, l;
   std::vector<uint16_t> qb, pb;  // bf16 path: q rows, and the block's softmax numerators
 
-  void start(int64_t M, int64_t D) {
+  // zero_o false: the first key block writes o (every row sees key 0, so block 0 covers every row)
+  void start(int64_t M, int64_t D, bool zero_o = true) {
     q.resize(M * D);
     s.resize(M * KB);
-    o.assign(M * D, 0.f);
+    if (zero_o) o.assign(M * D, 0.f);
+    else o.resize(M * D);
     m.assign(M, -std::numeric_limits<float>::infinity());
     l.assign(M, 0.f);
   }
@@ -119,7 +122,14 @@ void softmax_block(bool avx512, Scratch& w, int64_t M, int64_t nq, int64_t D, in
   }
 }
 
-// softmax_block for the bf16 path: the numerators go straight to w.pb as bf16 (w.s is left as is).
+// How far (log2 units) a row's block max may rise above the max its numerators are taken against
+// before o and l are rescaled: numerators stay <= 2^8, exact enough in bf16 and far from overflow, and
+// o / l is the same whichever max was used. Most blocks then skip the rescale (and its exp).
+constexpr float kLazyRescaleLog2 = 8.f;
+
+// softmax_block for the bf16 path, scores in log2 units (q pre-scaled by log2 e): the numerators
+// 2^(s - m) go straight to w.pb as bf16 (w.s is left as is); m, l and o move only when a row's block
+// max exceeds m by more than kLazyRescaleLog2 (always on its first block: m = -inf).
 void softmax_block_bf16(Scratch& w, int64_t M, int64_t nq, int64_t D, int64_t pos0, int64_t kb0, int64_t nk) {
   for (int64_t r = 0; r < M; ++r) {
     const int64_t n = std::clamp<int64_t>(pos0 + r % nq - kb0 + 1, 0, nk);
@@ -129,14 +139,17 @@ void softmax_block_bf16(Scratch& w, int64_t M, int64_t nq, int64_t D, int64_t po
       std::fill(p, p + nk, uint16_t{0});
       continue;
     }
-    const float mx = std::max(w.m[r], tm_avx512::row_max(s, n));
-    const float alpha = std::exp(w.m[r] - mx);
-    w.l[r] = w.l[r] * alpha + tm_avx512_bf16::exp_round_row(s, n, nk, mx, p);
-    w.m[r] = mx;
-    if (alpha != 1.f) {
-      float* o = w.o.data() + r * D;
-      for (int64_t d = 0; d < D; ++d) o[d] *= alpha;
+    const float bm = tm_avx512::row_max(s, n);
+    if (bm > w.m[r] + kLazyRescaleLog2) {
+      if (kb0 > 0) {  // on block 0, l is 0 and o is written, not accumulated, after this
+        const float alpha = std::exp2(w.m[r] - bm);
+        w.l[r] *= alpha;
+        float* o = w.o.data() + r * D;
+        for (int64_t d = 0; d < D; ++d) o[d] *= alpha;
+      }
+      w.m[r] = bm;
     }
+    w.l[r] += tm_avx512_bf16::exp2_round_row(s, n, nk, w.m[r], p);
   }
 }
 
@@ -163,15 +176,16 @@ void attend_block(const float* q, const float* kp, const float* vp, int64_t Lk16
 }
 
 // bf16 path (AVX512_BF16 CPUs, bf16 KV caches): q and the softmax numerators rounded to bf16, S = Q K^T
-// and O += P V on vdpbf16ps (the linear layers' bf16 panel kernel), softmax and O in float32.
+// and O += P V on vdpbf16ps (the linear layers' bf16 panel kernel), softmax (base 2, lazily rescaled)
+// and O in float32.
 // kp: this KV head's keys in bf16 panels of 32 keys, [Lk32/32][D2][32][2] (pairs along D);
 // vp: its values in panels of 32 dims, [D32/32][Lk2][32][2] (pairs along the keys).
 void attend_block_bf16(const float* q, const uint16_t* kp, const uint16_t* vp, int64_t Lk2, float* out,
                        int64_t context, int64_t q0, int64_t nq, int64_t h, int64_t G, int64_t D, const int64_t qs[2],
                        int64_t H, float scale, Scratch& w) {
   const int64_t M = G * nq, D2 = (D + 1) / 2, dpanels = (D + BC - 1) / BC;
-  w.start(M, D);
-  gather_q(q, q0, nq, h, G, D, qs, scale, w.q.data());
+  w.start(M, D, false);
+  gather_q(q, q0, nq, h, G, D, qs, scale * kLog2e, w.q.data());  // scores in log2 units
   w.qb.resize(M * D);
   w.pb.resize(M * KB);
   tm_avx512_bf16::round_to_bf16(w.q.data(), w.qb.data(), M * D);
@@ -182,9 +196,14 @@ void attend_block_bf16(const float* q, const uint16_t* kp, const uint16_t* vp, i
       tm_avx512_bf16::bf16_panel_rows(w.qb.data(), D, M, D, kp + (kb0 / BC + p) * D2 * PS, nullptr,
                                       w.s.data() + p * BC, KB, std::min(BC, nk - p * BC));
     softmax_block_bf16(w, M, nq, D, context + q0, kb0, nk);
-    for (int64_t p = 0; p < dpanels; ++p)
-      tm_avx512_bf16::bf16_panel_rows_acc(w.pb.data(), KB, M, nk, vp + (p * Lk2 + kb0 / 2) * PS,
-                                          w.o.data() + p * BC, D, std::min(BC, D - p * BC));
+    for (int64_t p = 0; p < dpanels; ++p) {
+      const uint16_t* vpanel = vp + (p * Lk2 + kb0 / 2) * PS;
+      float* o = w.o.data() + p * BC;
+      if (kb0 == 0)
+        tm_avx512_bf16::bf16_panel_rows(w.pb.data(), KB, M, nk, vpanel, nullptr, o, D, std::min(BC, D - p * BC));
+      else
+        tm_avx512_bf16::bf16_panel_rows_acc(w.pb.data(), KB, M, nk, vpanel, o, D, std::min(BC, D - p * BC));
+    }
   }
   w.finish(out, q0, nq, h, G, D, H);
 }
