@@ -49,6 +49,10 @@ class EngineConfig:
     max_num_batched_tokens: int = 1024
     max_num_seqs: int = 128
     long_prefill_token_threshold: int = 0
+    # a step that ends a prompt takes no other prompt's chunk (decodes still do), so that prompt's first
+    # token is not held back by a newcomer's prefill: TTFT for a server (`tokenmill serve` turns it on);
+    # offline, packing prompts is the faster order
+    one_prompt_end_per_step: bool = False
     attention_backend: str = "auto"  # auto: our C++ kernels (cpu) if they build here, else torch
     # a sequence's logits never depend on what it is batched with (nor on speculative verification):
     # one accumulation order per kernel for every row count; process-wide once set (kernels/csrc/cpu_isa.h)

@@ -30,6 +30,9 @@ class SchedulerConfig:
     max_model_len: int = 8192
     long_prefill_token_threshold: int = 0  # >0: cap on one prompt's chunk per step
     num_lookahead_tokens: int = 0  # KV slots reserved past the known tokens (speculative decoding)
+    # A step that ends one prompt takes no further prompt chunks (decodes still ride along): the
+    # first token of that prompt is not held back by a newcomer's prefill packed into its step.
+    one_prompt_end_per_step: bool = False
 
     def __post_init__(self) -> None:
         for name in ("max_num_batched_tokens", "max_num_seqs", "max_model_len"):
@@ -70,6 +73,7 @@ class Scheduler:
         self._known: set[str] = set()  # request ids the executor has seen (until they finish)
         self._finished_ids: set[str] = set()  # ended since the last executed schedule()
         self._preempted_ids: list[str] = []  # preempted in a schedule() that ran nothing
+        self._prompt_ended = False
 
     # -- queue management -------------------------------------------------------------------------
     def add_request(self, request: Request) -> None:
@@ -116,6 +120,7 @@ class Scheduler:
         out = SchedulerOutput(finished_request_ids=self._finished_ids, preempted_request_ids=self._preempted_ids)
         self._finished_ids, self._preempted_ids = set(), []
         preemptions = self.num_preemptions
+        self._prompt_ended = False  # this step runs some prompt's last chunk (one_prompt_end_per_step)
         budget = self._schedule_running(out, self.config.max_num_batched_tokens)
         if self.num_preemptions == preemptions:  # under memory pressure nobody new is admitted
             self._schedule_waiting(out, budget, self.clock())
@@ -142,6 +147,18 @@ class Scheduler:
             return []
         return req.spec_token_ids[:budget - n]
 
+    @staticmethod
+    def _is_prefill(req: Request, start: int) -> bool:
+        """More than the last known token left to compute: a prompt (or a recompute) chunk."""
+        return start + 1 < req.num_tokens
+
+    def _closed_to_prefill(self) -> bool:
+        return self._prompt_ended and self.config.one_prompt_end_per_step
+
+    def _note_prompt_end(self, req: Request, start: int, n: int) -> None:
+        if n > 1 and start + n == req.num_tokens:
+            self._prompt_ended = True
+
     def _lookahead(self, req: Request, start: int, n: int) -> int:
         # lookahead slots only for a request that will sample this step
         return self.config.num_lookahead_tokens if start + n == req.num_tokens else 0
@@ -151,7 +168,7 @@ class Scheduler:
         while i < len(self.running) and budget > 0:
             req = self.running[i]
             n = self._chunk(req, budget)
-            if n <= 0:
+            if n <= 0 or (self._closed_to_prefill() and self._is_prefill(req, req.num_computed_tokens)):
                 i += 1
                 continue
             drafts = self._drafts(req, n, budget)
@@ -162,6 +179,7 @@ class Scheduler:
                 if victim is req:
                     break
             else:
+                self._note_prompt_end(req, req.num_computed_tokens, n - len(drafts))
                 self._emit(out, req, n)
                 if drafts:
                     out.spec_token_ids[req.request_id] = drafts
@@ -189,6 +207,8 @@ class Scheduler:
 
     def _schedule_waiting(self, out: SchedulerOutput, budget: int, now: float) -> None:
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            if self._closed_to_prefill():
+                break
             req = self.waiting[0]
             cached_blocks, num_cached = self.kv.get_computed_blocks(req)
             num_remote = self.connector.get_num_new_matched_tokens(req, num_cached)
@@ -211,6 +231,7 @@ class Scheduler:
             if req.events.first_scheduled is None:
                 req.events.first_scheduled = now
             self.running.append(req)
+            self._note_prompt_end(req, num_cached, n)
             self._emit(out, req, n)
             budget -= n
 

@@ -17,7 +17,7 @@ ENGINE_FLAGS = ("dtype", "max_model_len", "block_size", "kv_cache_memory_gb", "n
                 "kv_cache_prefault",
                 "quantization", "quant_group_size",
                 "enable_prefix_caching", "max_num_batched_tokens", "max_num_seqs",
-                "long_prefill_token_threshold", "attention_backend", "batch_invariant", "seed", "num_threads", "tokenizer",
+                "long_prefill_token_threshold", "one_prompt_end_per_step", "attention_backend", "batch_invariant", "seed", "num_threads", "tokenizer",
                 "speculative_config", "kv_role", "kv_transfer_timeout_s", "kv_connector")
 
 
@@ -104,6 +104,10 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                      help="sequences running at once (default: %(default)s)")
     eng.add_argument("--long-prefill-token-threshold", type=int, default=d["long_prefill_token_threshold"],
                      help="cap on one prompt's chunk per step, 0: none (default: %(default)s)")
+    eng.add_argument("--one-prompt-end-per-step", action=argparse.BooleanOptionalAction,
+                     default=d["one_prompt_end_per_step"],
+                     help="a step that ends a prompt takes no other prompt's chunk, so its first token is not held "
+                          "back by a newcomer's prefill (default: on for serve, off otherwise)")
     eng.add_argument("--attention-backend", choices=ATTENTION_BACKENDS, default=d["attention_backend"],
                      help="attention implementation (default: %(default)s)")
     eng.add_argument("--batch-invariant", action="store_true", default=d["batch_invariant"],

@@ -34,6 +34,7 @@ def resolve_config(cfg: EngineConfig) -> TokenmillConfig:
         scheduler=SchedulerConfig(max_num_batched_tokens=cfg.max_num_batched_tokens, max_num_seqs=cfg.max_num_seqs,
                                   max_model_len=model.max_model_len,
                                   long_prefill_token_threshold=cfg.long_prefill_token_threshold,
+                                  one_prompt_end_per_step=cfg.one_prompt_end_per_step,
                                   num_lookahead_tokens=spec.num_speculative_tokens if spec and spec.drafts_with_a_model
                                   else 0),
         device=DeviceConfig(num_threads=budget.threads, adaptive_threads=cfg.num_threads is None,

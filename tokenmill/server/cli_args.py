@@ -80,6 +80,7 @@ def add_serve_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
     add_engine_args(parser)
     parser.set_defaults(kv_cache_prefault=True)  # a server keeps its cache: map it once, not mid-request
+    parser.set_defaults(one_prompt_end_per_step=True)  # a server is judged on TTFT
     return parser
 
 
