@@ -120,3 +120,16 @@ def test_serve_turns_it_on_and_offline_engines_do_not(tiny_llama):
     assert not engine_config_from_args(parser.parse_args(["--model", str(tiny_llama),
                                                           "--no-one-prompt-end-per-step"])).one_prompt_end_per_step
     assert not resolve_config(EngineConfig(model=str(tiny_llama), dtype="float32")).scheduler.one_prompt_end_per_step
+
+
+def test_the_simulator_schedules_as_serve_when_asked():
+    """`tokenmill sim run --one-prompt-end-per-step` hands the rule to the simulated replicas' scheduler
+    (sim validate asks for it: the server it is compared with runs it); off by default (vLLM's packing)."""
+    import argparse
+
+    from tokenmill.sim.args import add_cluster_args, add_scheduler_args, cluster_config
+    p = argparse.ArgumentParser()
+    add_scheduler_args(p)
+    add_cluster_args(p)
+    assert not cluster_config(p.parse_args([])).scheduler().one_prompt_end_per_step
+    assert cluster_config(p.parse_args(["--one-prompt-end-per-step"])).scheduler().one_prompt_end_per_step

@@ -33,6 +33,9 @@ def add_scheduler_args(p: argparse.ArgumentParser) -> None:
     eng.add_argument("--max-model-len", type=int, default=8192, help="context length (default: %(default)s)")
     eng.add_argument("--long-prefill-token-threshold", type=int, default=0,
                      help="cap on one prompt's chunk per step, 0: none (default: %(default)s)")
+    eng.add_argument("--one-prompt-end-per-step", action=argparse.BooleanOptionalAction, default=False,
+                     help="a step that ends a prompt takes no other prompt's chunk, as `tokenmill serve` "
+                          "schedules (default: off, prompts packed as vLLM does)")
     eng.add_argument("--block-size", type=int, default=_ENGINE["block_size"],
                      help="tokens per KV block (default: %(default)s)")
     eng.add_argument("--num-kv-blocks", type=int, help="KV blocks per replica (default: the profile's, or what "
@@ -86,7 +89,8 @@ def cluster_config(args: argparse.Namespace) -> ClusterConfig:
         replicas=args.replicas, tp=args.tp, prefill_replicas=args.prefill_replicas,
         decode_replicas=args.decode_replicas, max_num_batched_tokens=args.max_num_batched_tokens,
         max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
-        long_prefill_token_threshold=args.long_prefill_token_threshold, block_size=args.block_size,
+        long_prefill_token_threshold=args.long_prefill_token_threshold,
+        one_prompt_end_per_step=args.one_prompt_end_per_step, block_size=args.block_size,
         enable_prefix_caching=args.enable_prefix_caching, num_kv_blocks=args.num_kv_blocks,
         weight_dtype=args.weight_dtype, kv_dtype=args.kv_cache_dtype, router=args.router,
         link_gbps=args.link_gbps, link_latency_s=args.link_latency_ms / 1000,

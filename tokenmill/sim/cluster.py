@@ -26,6 +26,7 @@ class ClusterConfig:
     max_num_seqs: int = 128
     max_model_len: int = 8192
     long_prefill_token_threshold: int = 0
+    one_prompt_end_per_step: bool = False  # as `tokenmill serve` schedules (core/scheduler.py)
     block_size: int = 16
     enable_prefix_caching: bool = True
     num_kv_blocks: int | None = None  # None: what the memory left after the weights holds
@@ -71,7 +72,8 @@ class ClusterConfig:
 
     def scheduler(self) -> SchedulerConfig:
         return SchedulerConfig(self.max_num_batched_tokens, self.max_num_seqs, self.max_model_len,
-                               self.long_prefill_token_threshold)
+                               self.long_prefill_token_threshold,
+                               one_prompt_end_per_step=self.one_prompt_end_per_step)
 
     def label(self) -> str:
         pool = f"{self.prefill_replicas}P:{self.decode_replicas}D" if self.disaggregated else f"{self.replicas}x"

@@ -106,7 +106,8 @@ def run_case(args: argparse.Namespace, workload: str, opts: list[str], rate: flo
         load = (load_before, os.getloadavg()[0])  # 1-minute load average before and after the measured run
         (measured / "load.json").write_text(json.dumps(load))
     sim = _cli("sim", "run", *common, "--out", str(simulated), "--num-kv-blocks", str(args.num_kv_blocks),
-               "--max-num-batched-tokens", str(args.max_num_batched_tokens))
+               "--max-num-batched-tokens", str(args.max_num_batched_tokens),
+               "--one-prompt-end-per-step")  # as the measured `tokenmill serve` schedules
     if args.profile:
         sim += ["--profile", args.profile]
     subprocess.run(sim, check=True, stdout=subprocess.DEVNULL)
