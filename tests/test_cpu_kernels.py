@@ -210,15 +210,28 @@ def test_prefill_attention_bf16_running_max_jumps(jump):
     (1, 0, 9, 3, 64), (37, 0, 9, 3, 64), (200, 130, 9, 3, 64), (33, 0, 4, 2, 30), (20, 11, 3, 1, 7)])
 def test_prefill_attention_bf16_views_pack_like_float32_rows(lq, context, heads, kv_heads, d):
     """bf16 K/V views of one fused bf16 tensor (the model's qkv output; odd key counts, D = 30, odd D)
-    are packed as 32-bit words; float32 rows holding the same values go through the per-element
-    conversion. Both feed the same bf16 math, so the outputs must be identical (exact equality)."""
+    are packed as 32-bit words; float32 rows holding the same values (contiguous, and as views of a
+    float32 fused tensor, as the engine passes a fresh prompt's k/v) are rounded to bf16 row by row
+    (AVX-512 for even D, per element for odd D) and packed the same way. Both feed the same bf16 math,
+    so the outputs must be identical (exact equality); float32 values off the bf16 grid must give what
+    torch's round-to-nearest-even bf16 cast of them gives."""
     g = torch.Generator().manual_seed(lq + 3 * context + d)
     fused = torch.randn(context + lq, (heads + 2 * kv_heads) * d, generator=g).bfloat16()
+
+    def split(t):
+        return (t[:, heads * d:(heads + kv_heads) * d].view(context + lq, kv_heads, d),
+                t[:, (heads + kv_heads) * d:].view(context + lq, kv_heads, d))
     q = fused[context:, :heads * d].view(lq, heads, d).float()
-    k = fused[:, heads * d:(heads + kv_heads) * d].view(context + lq, kv_heads, d)
-    v = fused[:, (heads + kv_heads) * d:].view(context + lq, kv_heads, d)
+    k, v = split(fused)
     views = torch.ops.tokenmill.prefill_attention(q, k, v, context, d ** -0.5, True)
     rows = torch.ops.tokenmill.prefill_attention(q, k.float(), v.float(), context, d ** -0.5, True)
     assert torch.equal(views, rows)
+    kf, vf = split(fused.float())
+    assert torch.equal(views, torch.ops.tokenmill.prefill_attention(q, kf, vf, context, d ** -0.5, True))
+    if cpu_ops.isa_level() == "avx512_bf16":  # elsewhere float32 math, which keeps the raw values
+        kr, vr = split(torch.randn(context + lq, (heads + 2 * kv_heads) * d, generator=g))  # off the bf16 grid
+        assert torch.equal(torch.ops.tokenmill.prefill_attention(q, kr, vr, context, d ** -0.5, True),
+                           torch.ops.tokenmill.prefill_attention(q, kr.bfloat16(), vr.bfloat16(), context, d ** -0.5,
+                                                                 True))
     ref = sdpa_causal(q.double(), k.double(), v.double(), context, d ** -0.5).float()
     torch.testing.assert_close(views, ref, atol=2e-2, rtol=2e-2)

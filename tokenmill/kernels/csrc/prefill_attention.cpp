@@ -221,17 +221,17 @@ struct Bf16Source {
   }
 };
 
-// Keys j0 .. j1 - 1 (one panel, j0 even) of bf16 sources into the panels of prefill_bf16, as 32-bit words:
-// a key's (d, d + 1) pair is one word of its row (K panel row d / 2, lane j - j0); a V word holds
-// dim d of keys j and j + 1 (low half: the even key; past the last key, the packs' zero fill).
-void pack_words(const Bf16Source& kb, const Bf16Source& vb, int64_t h, int64_t j0, int64_t j1, int64_t D,
-                int64_t Lk2, uint16_t* kdst, uint16_t* vdst) {
-  const auto* ks = static_cast<const uint16_t*>(kb.data);
-  const auto* vs = static_cast<const uint16_t*>(vb.data);
+// Keys j0 .. j1 - 1 (one panel, j0 even) into the panels of prefill_bf16, as 32-bit words; row(j) is key
+// j's D bf16 values (the same row of K or V: krow / vrow). A key's (d, d + 1) pair is one word of its row
+// (K panel row d / 2, lane j - j0); a V word holds dim d of keys j and j + 1 (low half: the even key; past
+// the last key, the packs' zero fill).
+template <typename KRow, typename VRow>
+void pack_words(const KRow& krow, const VRow& vrow, int64_t j0, int64_t j1, int64_t D, int64_t Lk2, uint16_t* kdst,
+                uint16_t* vdst) {
   auto* kw = reinterpret_cast<uint32_t*>(kdst);
   auto* vw = reinterpret_cast<uint32_t*>(vdst);
   for (int64_t j = j0; j < j1; ++j) {
-    const uint16_t* row = ks + j * kb.s0 + h * kb.s1;
+    const uint16_t* row = krow(j);
     for (int64_t d2 = 0; d2 < D / 2; ++d2) {
       uint32_t w;
       std::memcpy(&w, row + 2 * d2, 4);
@@ -239,8 +239,8 @@ void pack_words(const Bf16Source& kb, const Bf16Source& vb, int64_t h, int64_t j
     }
   }
   for (int64_t j = j0; j < j1; j += 2) {
-    const uint16_t* a = vs + j * vb.s0 + h * vb.s1;
-    const uint16_t* b = j + 1 < j1 ? vs + (j + 1) * vb.s0 + h * vb.s1 : nullptr;
+    const uint16_t* a = vrow(j);
+    const uint16_t* b = j + 1 < j1 ? vrow(j + 1) : nullptr;
     for (int64_t d0 = 0; d0 < D; d0 += BC) {
       uint32_t* dst = vw + ((d0 / BC) * Lk2 + j / 2) * (PS / 2);
       const int64_t nd = std::min(BC, D - d0);
@@ -273,14 +273,34 @@ void prefill_bf16(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   const int64_t kstride = kpanels * D2 * PS, vstride = dpanels * Lk2 * PS;  // uint16 per KV head
   std::vector<uint16_t> kpack(Hkv * kstride, 0), vpack(Hkv * vstride, 0);
   const Bf16Source kb(k), vb(v);
-  const bool words = kb.bf16 && vb.bf16 && D % 2 == 0;  // bf16 rows: pack 32-bit words, no conversion
+  // bf16 rows: packed as 32-bit words; float32 rows (a fresh prompt's own k/v, which store_kv rounded to
+  // bf16 values): a panel's rows rounded to bf16 with AVX-512 first, then packed the same way
+  const bool words = kb.bf16 && vb.bf16 && D % 2 == 0;
+  const bool f32_rows = !kb.bf16 && !vb.bf16 && D % 2 == 0;
   at::parallel_for(0, Hkv * kpanels, 1, [&](int64_t begin, int64_t end) {
+    std::vector<uint16_t> krows, vrows;  // f32_rows: the panel's keys and values in bf16, [j - j0][D]
     for (int64_t t = begin; t < end; ++t) {
       const int64_t h = t / kpanels, j0 = (t % kpanels) * BC, j1 = std::min(j0 + BC, Lk);
       uint16_t* kdst = kpack.data() + h * kstride + (j0 / BC) * D2 * PS;  // [D2][32][2] of keys j0..j0+31
       uint16_t* vdst = vpack.data() + h * vstride;                           // [dpanel][Lk2][32][2]
       if (words) {
-        pack_words(kb, vb, h, j0, j1, D, Lk2, kdst, vdst);
+        const auto* ks = static_cast<const uint16_t*>(kb.data);
+        const auto* vs = static_cast<const uint16_t*>(vb.data);
+        pack_words([&](int64_t j) { return ks + j * kb.s0 + h * kb.s1; },
+                   [&](int64_t j) { return vs + j * vb.s0 + h * vb.s1; }, j0, j1, D, Lk2, kdst, vdst);
+        continue;
+      }
+      if (f32_rows) {
+        krows.resize(BC * D);
+        vrows.resize(BC * D);
+        const auto* ks = static_cast<const float*>(kb.data);
+        const auto* vs = static_cast<const float*>(vb.data);
+        for (int64_t j = j0; j < j1; ++j) {
+          tm_avx512_bf16::round_to_bf16(ks + j * kb.s0 + h * kb.s1, krows.data() + (j - j0) * D, D);
+          tm_avx512_bf16::round_to_bf16(vs + j * vb.s0 + h * vb.s1, vrows.data() + (j - j0) * D, D);
+        }
+        pack_words([&](int64_t j) { return krows.data() + (j - j0) * D; },
+                   [&](int64_t j) { return vrows.data() + (j - j0) * D; }, j0, j1, D, Lk2, kdst, vdst);
         continue;
       }
       for (int64_t j = j0; j < j1; ++j)
