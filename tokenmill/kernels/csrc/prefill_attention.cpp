@@ -215,6 +215,9 @@ struct Bf16Source {
   bool bf16;
   explicit Bf16Source(const at::Tensor& t)
       : data(t.data_ptr()), s0(t.stride(0)), s1(t.stride(1)), bf16(t.scalar_type() == at::kBFloat16) {}
+  // row j of head h: D contiguous values of type T (uint16_t bf16 bits, or float)
+  template <typename T>
+  const T* row(int64_t j, int64_t h) const { return static_cast<const T*>(data) + j * s0 + h * s1; }
   uint16_t operator()(int64_t j, int64_t h, int64_t d) const {
     const int64_t i = j * s0 + h * s1 + d;
     return bf16 ? static_cast<const uint16_t*>(data)[i] : bf16_bits(static_cast<const float*>(data)[i]);
@@ -284,20 +287,16 @@ void prefill_bf16(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
       uint16_t* kdst = kpack.data() + h * kstride + (j0 / BC) * D2 * PS;  // [D2][32][2] of keys j0..j0+31
       uint16_t* vdst = vpack.data() + h * vstride;                           // [dpanel][Lk2][32][2]
       if (words) {
-        const auto* ks = static_cast<const uint16_t*>(kb.data);
-        const auto* vs = static_cast<const uint16_t*>(vb.data);
-        pack_words([&](int64_t j) { return ks + j * kb.s0 + h * kb.s1; },
-                   [&](int64_t j) { return vs + j * vb.s0 + h * vb.s1; }, j0, j1, D, Lk2, kdst, vdst);
+        pack_words([&](int64_t j) { return kb.row<uint16_t>(j, h); },
+                   [&](int64_t j) { return vb.row<uint16_t>(j, h); }, j0, j1, D, Lk2, kdst, vdst);
         continue;
       }
       if (f32_rows) {
         krows.resize(BC * D);
         vrows.resize(BC * D);
-        const auto* ks = static_cast<const float*>(kb.data);
-        const auto* vs = static_cast<const float*>(vb.data);
         for (int64_t j = j0; j < j1; ++j) {
-          tm_avx512_bf16::round_to_bf16(ks + j * kb.s0 + h * kb.s1, krows.data() + (j - j0) * D, D);
-          tm_avx512_bf16::round_to_bf16(vs + j * vb.s0 + h * vb.s1, vrows.data() + (j - j0) * D, D);
+          tm_avx512_bf16::round_to_bf16(kb.row<float>(j, h), krows.data() + (j - j0) * D, D);
+          tm_avx512_bf16::round_to_bf16(vb.row<float>(j, h), vrows.data() + (j - j0) * D, D);
         }
         pack_words([&](int64_t j) { return krows.data() + (j - j0) * D; },
                    [&](int64_t j) { return vrows.data() + (j - j0) * D; }, j0, j1, D, Lk2, kdst, vdst);
