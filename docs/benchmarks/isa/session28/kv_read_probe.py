@@ -1,4 +1,4 @@
-"""How fast can 2 threads read KV rows in decode order (per sequence, block-table order) from DRAM, with
+"""How fast can 2 threads read KV rows (also in a head-major block layout, tiled == 2) in decode order (per sequence, block-table order) from DRAM, with
 no arithmetic, vs plain sequential reads, and with software prefetch at several distances?
 python docs/benchmarks/isa/session28/kv_read_probe.py  (env B, L, HUGE as dec_probe.py)"""
 import os, time, torch
@@ -17,9 +17,14 @@ int64_t read_rows(torch::Tensor cache, torch::Tensor slots, torch::Tensor offs, 
       if (tiled) {  // the decode kernel's order: tiles of 16 rows, 3 heads' 128-byte pieces in turn; a burst of prefetches 32 rows ahead per tile
         for (int64_t t0 = o[b]; t0 < o[b + 1]; t0 += 16) {
           const int64_t n = std::min<int64_t>(16, o[b + 1] - t0);
-          if (dist > 0) for (int64_t t = t0 + dist; t < std::min(o[b + 1], t0 + dist + 16); ++t) { const char* p = base + s[t] * row_bytes;
+          if (dist > 0) for (int64_t t = t0 + dist; t < std::min(o[b + 1], t0 + dist + 16); ++t) {
+            if (tiled == 2) { for (int64_t h = 0; h < 3; ++h) { const char* p = base + ((s[t] / 32 * 3 + h) * 32 + s[t] % 32) * 128;
+              _mm_prefetch(p, _MM_HINT_T1); _mm_prefetch(p + 64, _MM_HINT_T1); } continue; }
+            const char* p = base + s[t] * row_bytes;
             for (int64_t off = 0; off < row_bytes; off += 64) _mm_prefetch(p + off, _MM_HINT_T1); }
-          for (int64_t h = 0; h < 3; ++h) for (int64_t i = 0; i < n; ++i) { const char* r = base + s[t0 + i] * row_bytes + h * 128;
+          for (int64_t h = 0; h < 3; ++h) for (int64_t i = 0; i < n; ++i) {
+            // tiled == 2: a head-major block layout, [block][head][32 tokens][D]: slot s -> block s / 32, token s % 32
+            const char* r = tiled == 2 ? base + ((s[t0 + i] / 32 * 3 + h) * 32 + s[t0 + i] % 32) * 128 : base + s[t0 + i] * row_bytes + h * 128;
             acc = _mm512_add_ps(acc, _mm512_loadu_ps((const float*)r)); acc = _mm512_add_ps(acc, _mm512_loadu_ps((const float*)(r + 64)));
             for (int64_t j = 0; j < fmas; ++j) acc = _mm512_fmadd_ps(acc, f, acc); }
         }
@@ -38,7 +43,7 @@ int64_t read_rows(torch::Tensor cache, torch::Tensor slots, torch::Tensor offs, 
   return tot;
 }
 '''
-m = load_inline("kv_read_probe_s28b", cpp_sources=src, functions=["read_rows"], extra_cflags=["-O3", "-fopenmp", "-march=native"], verbose=False)
+m = load_inline("kv_read_probe_s28c", cpp_sources=src, functions=["read_rows"], extra_cflags=["-O3", "-fopenmp", "-march=native"], verbose=False)
 torch.set_num_threads(2)
 g = torch.Generator().manual_seed(0)
 Hkv, D, bs = 3, 64, 32
@@ -59,7 +64,7 @@ def layout(seq):
 row = Hkv * D * 2
 byts = int(lens.sum()) * row * 2 * L
 for r in range(2):
-  for name, seq, dist, hint, fm, tiled in [("tiled (kernel order), T1 burst 32 ahead", 0, 32, 1, 0, 1), ("tiled, no prefetch", 0, 0, 1, 0, 1), ("tiled, T1 burst 16 ahead", 0, 16, 1, 0, 1), ("tiled, T1 burst 32 ahead, +8 fma/piece", 0, 32, 1, 8, 1)] + [(*x, 0) for x in [("random blocks, no prefetch", 0, 0, 1, 0), ("random, T1 16 ahead", 0, 16, 1, 0),
+  for name, seq, dist, hint, fm, tiled in [("tiled (kernel order), T1 burst 32 ahead", 0, 32, 1, 0, 1), ("tiled, head-major blocks, T1 burst 32 ahead", 0, 32, 1, 0, 2), ("tiled, head-major blocks, no prefetch", 0, 0, 1, 0, 2), ("tiled, no prefetch", 0, 0, 1, 0, 1), ("tiled, T1 burst 16 ahead", 0, 16, 1, 0, 1), ("tiled, T1 burst 32 ahead, +8 fma/piece", 0, 32, 1, 8, 1)] + [(*x, 0) for x in [("random blocks, no prefetch", 0, 0, 1, 0), ("random, T1 16 ahead", 0, 16, 1, 0),
                                     ("random, T1 48 ahead", 0, 48, 1, 0), ("random, T0 16 ahead", 0, 16, 0, 0),
                                     ("sequential blocks, no prefetch", 1, 0, 1, 0),
                                     ("random, no prefetch, +24 fma/row", 0, 0, 1, 24), ("random, T1 32, +24 fma/row", 0, 32, 1, 24)]]:
