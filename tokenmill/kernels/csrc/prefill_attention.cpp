@@ -219,8 +219,7 @@ struct Bf16Source {
   template <typename T>
   const T* row(int64_t j, int64_t h) const { return static_cast<const T*>(data) + j * s0 + h * s1; }
   uint16_t operator()(int64_t j, int64_t h, int64_t d) const {
-    const int64_t i = j * s0 + h * s1 + d;
-    return bf16 ? static_cast<const uint16_t*>(data)[i] : bf16_bits(static_cast<const float*>(data)[i]);
+    return bf16 ? row<uint16_t>(j, h)[d] : bf16_bits(row<float>(j, h)[d]);
   }
 };
 

@@ -1,5 +1,6 @@
-"""How fast can 2 threads read KV rows (also in a head-major block layout, tiled == 2) in decode order (per sequence, block-table order) from DRAM, with
-no arithmetic, vs plain sequential reads, and with software prefetch at several distances?
+"""How fast can 2 threads read KV rows from DRAM in decode order (per sequence, block-table order) with no
+arithmetic: in row order, in the decode kernel's tile order, over a head-major block layout, with software
+prefetch at several distances, and against plain sequential reads.
 python docs/benchmarks/isa/session28/kv_read_probe.py  (env B, L, HUGE as dec_probe.py)"""
 import os, time, torch
 from torch.utils.cpp_extension import load_inline
@@ -63,18 +64,31 @@ def layout(seq):
     return torch.tensor(slots), torch.tensor(offs)
 row = Hkv * D * 2
 byts = int(lens.sum()) * row * 2 * L
-for r in range(2):
-  for name, seq, dist, hint, fm, tiled in [("tiled (kernel order), T1 burst 32 ahead", 0, 32, 1, 0, 1), ("tiled, head-major blocks, T1 burst 32 ahead", 0, 32, 1, 0, 2), ("tiled, head-major blocks, no prefetch", 0, 0, 1, 0, 2), ("tiled, no prefetch", 0, 0, 1, 0, 1), ("tiled, T1 burst 16 ahead", 0, 16, 1, 0, 1), ("tiled, T1 burst 32 ahead, +8 fma/piece", 0, 32, 1, 8, 1)] + [(*x, 0) for x in [("random blocks, no prefetch", 0, 0, 1, 0), ("random, T1 16 ahead", 0, 16, 1, 0),
-                                    ("random, T1 48 ahead", 0, 48, 1, 0), ("random, T0 16 ahead", 0, 16, 0, 0),
-                                    ("sequential blocks, no prefetch", 1, 0, 1, 0),
-                                    ("random, no prefetch, +24 fma/row", 0, 0, 1, 24), ("random, T1 32, +24 fma/row", 0, 32, 1, 24)]]:
-    slots, offs = layout(seq)
+# (name, blocks in sequence order, prefetch distance in rows, hint 0=T0 1=T1, FMAs per row or piece, tiled:
+# 0 = rows in order, 1 = the decode kernel's order (16-row tiles, heads in turn), 2 = that order over a head-major layout)
+CASES = [("tiled (kernel order), T1 burst 32 ahead", 0, 32, 1, 0, 1),
+         ("tiled, head-major blocks, T1 burst 32 ahead", 0, 32, 1, 0, 2),
+         ("tiled, head-major blocks, no prefetch", 0, 0, 1, 0, 2),
+         ("tiled, no prefetch", 0, 0, 1, 0, 1),
+         ("tiled, T1 burst 16 ahead", 0, 16, 1, 0, 1),
+         ("tiled, T1 burst 32 ahead, +8 fma/piece", 0, 32, 1, 8, 1),
+         ("random blocks, no prefetch", 0, 0, 1, 0, 0),
+         ("random, T1 16 ahead", 0, 16, 1, 0, 0),
+         ("random, T1 48 ahead", 0, 48, 1, 0, 0),
+         ("random, T0 16 ahead", 0, 16, 0, 0, 0),
+         ("sequential blocks, no prefetch", 1, 0, 1, 0, 0),
+         ("random, no prefetch, +24 fma/row", 0, 0, 1, 24, 0),
+         ("random, T1 32, +24 fma/row", 0, 32, 1, 24, 0)]
+def best_of(f, reps=4):
     best = 9
-    for _ in range(4):
-        t = time.perf_counter()
-        for c in caches: m.read_rows(c, slots, offs, row, dist, hint, fm, tiled)
-        best = min(best, time.perf_counter() - t)
+    for _ in range(reps):
+        t = time.perf_counter(); f(); best = min(best, time.perf_counter() - t)
+    return best
+for r in range(2):
+  for name, seq, dist, hint, fm, tiled in CASES:
+    slots, offs = layout(seq)
+    best = best_of(lambda: [m.read_rows(c, slots, offs, row, dist, hint, fm, tiled) for c in caches])
     print(f"{name:36s} {byts / best / 1e9:5.1f} GB/s")
 x = torch.ones(1 << 29, dtype=torch.bfloat16)
-best = min((lambda: (lambda t: (x.sum(), time.perf_counter() - t)[1])(time.perf_counter()))() for _ in range(4))
+best = best_of(x.sum)
 print(f"{'x.sum() over 1 GiB':36s} {x.numel() * 2 / best / 1e9:5.1f} GB/s")

@@ -1,8 +1,11 @@
 """A long prompt's chunks, as the mix workload's 3-5 K-token prompts run with a 1024-token budget:
 prefill attention per chunk (1024 queries after 0-3072 cached keys) and the gather of the cached K/V
 from the paged cache that precedes it; the linear layers of the same chunk for scale (one layer).
-python docs/benchmarks/isa/session28/long_prefill_probe.py"""
-import torch, time
+python docs/benchmarks/isa/session28/long_prefill_probe.py
+With --loop S it only runs the 3072-key case for S seconds, for a profiler:
+perf record -F 999 -g -o perf.data python docs/benchmarks/isa/session28/long_prefill_probe.py --loop 12
+perf report -i perf.data --no-children --sort symbol"""
+import sys, torch, time
 from tokenmill.kernels import cpu_ops
 from tokenmill.attention.kv_cache import gather_blocks
 cpu_ops.load()
@@ -17,6 +20,14 @@ def best(f, reps=7):
         t = time.perf_counter(); f(); b = min(b, time.perf_counter() - t)
     return b
 Lq = 1024
+if "--loop" in sys.argv:
+    seconds = float(sys.argv[sys.argv.index("--loop") + 1])
+    q = torch.randn(Lq, H, D, generator=g)
+    kb, vb = (torch.randn(3072 + Lq, Hkv, D, generator=g).bfloat16() for _ in range(2))
+    t = time.perf_counter()
+    while time.perf_counter() - t < seconds:
+        torch.ops.tokenmill.prefill_attention(q, kb, vb, 3072, D ** -0.5, True)
+    sys.exit(0)
 table = torch.randperm(nblocks, generator=g)[:(4096 + Lq) // bs].unsqueeze(0)
 for ctx in (0, 1024, 2048, 3072, 4096):
     q = torch.randn(Lq, H, D, generator=g)
