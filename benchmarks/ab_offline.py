@@ -7,6 +7,9 @@ of output tokens/s (B/A), and whether the greedy outputs are token-identical.
 
     git worktree add /tmp/base HEAD~1
     python benchmarks/ab_offline.py --a /tmp/base --b . --num-requests 48 --rounds 2 --json out.json
+
+`--dtype-b` gives B its own dtype, to compare two dtypes of one tree (`--a . --b . --dtype float32
+--dtype-b bfloat16`); the outputs then differ and "identical" reads False.
 """
 from __future__ import annotations
 
@@ -62,17 +65,19 @@ def main() -> int:
     p.add_argument("--b", required=True, help="checkout B (the change)")
     p.add_argument("--num-requests", type=int, default=48)
     p.add_argument("--dtype", default="float32")
+    p.add_argument("--dtype-b", default=None, help="B's dtype (default: --dtype)")
     p.add_argument("--quantization", default="default",
                    help="weight format for both trees (default: the model's own: gguf for the default model)")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--json", default=None)
     args = p.parse_args()
     runs: dict[str, list[dict]] = {"a": [], "b": []}
+    dtypes = {"a": args.dtype, "b": args.dtype_b or args.dtype}
     for r in range(args.rounds):
         for name in ("a", "b"):
-            res = run_tree(Path(getattr(args, name)), args.num_requests, args.dtype, args.quantization)
+            res = run_tree(Path(getattr(args, name)), args.num_requests, dtypes[name], args.quantization)
             runs[name].append(res)
-            print(f"round {r + 1} {name}: {res['seconds']:.1f} s, {res['output_tok_s']:.1f} out tok/s, "
+            print(f"round {r + 1} {name} ({dtypes[name]}): {res['seconds']:.1f} s, {res['output_tok_s']:.1f} out tok/s, "
                   f"outputs {res['digest']}", flush=True)
     best = {k: max(v, key=lambda x: x["output_tok_s"]) for k, v in runs.items()}
     identical = len({x["digest"] for v in runs.values() for x in v}) == 1

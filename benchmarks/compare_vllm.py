@@ -249,8 +249,8 @@ def floor_report(engine, wl, dtype: str, best: list[Result]) -> dict:
     import torch
 
     from tokenmill.bench.floor import workload_floor
-    from tokenmill.bench.peaks import matmul_peak, read_bandwidth
-    peak = matmul_peak(torch.bfloat16 if dtype == "bfloat16" else torch.float32)
+    from tokenmill.bench.peaks import matmul_peak, peak_dtype, read_bandwidth
+    peak = matmul_peak(peak_dtype(torch.bfloat16 if dtype == "bfloat16" else torch.float32))
     floor = workload_floor(engine.config.model.arch, wl, engine.runner.kv_bytes_per_token, peak, read_bandwidth())
     out = {**floor.summary(), "matmul_peak_gflops": peak,
            "of_floor": {r.name: r.output_tokens_per_s / floor.output_tok_s for r in best}}

@@ -35,3 +35,14 @@ def test_floor_counts_every_token():
     assert f.prefill_attention_s == pytest.approx(attention / 1e9)
     assert f.decode_kv_s == pytest.approx(reads / 1e9)
     assert f.output_tok_s == pytest.approx(6 / f.seconds)
+
+
+@pytest.mark.parametrize("has_bf16", [True, False])
+def test_bf16_floor_is_float32_peak_without_native_bf16(has_bf16, monkeypatch):
+    """Without AVX512_BF16 bf16 weights are widened and multiplied in float32: its peak is the floor."""
+    import torch
+
+    from tokenmill.bench import peaks
+    monkeypatch.setattr(peaks, "cpu_has_bf16", lambda: has_bf16)
+    assert peaks.peak_dtype(torch.bfloat16) == (torch.bfloat16 if has_bf16 else torch.float32)
+    assert peaks.peak_dtype(torch.float32) == torch.float32

@@ -128,6 +128,24 @@ def test_set_isa_caps_at_what_the_cpu_has(restore_isa):
         cpu_ops.set_isa("sse9")
 
 
+@pytest.mark.parametrize("level", cpu_ops.LEVELS)
+def test_dtype_auto_follows_the_kernel_level(level, restore_isa):
+    """bfloat16 at both AVX-512 levels (widened bf16 GEMMs without AVX512_BF16), float32 below;
+    explicit dtypes pass through."""
+    from tokenmill.engine.resolve import resolve_dtype
+    ran = cpu_ops.set_isa(level)
+    assert resolve_dtype("auto") == ("bfloat16" if ran in ("avx512_bf16", "avx512") else "float32")
+    assert resolve_dtype("float32") == "float32" and resolve_dtype("bfloat16") == "bfloat16"
+
+
+@pytest.mark.parametrize("has_bf16", [True, False])
+def test_dtype_auto_without_kernels_needs_native_bf16(has_bf16, monkeypatch):
+    from tokenmill.engine import resolve
+    monkeypatch.setattr(cpu_ops, "isa_level", lambda: "unavailable")
+    monkeypatch.setattr(resolve, "cpu_has_bf16", lambda: has_bf16)
+    assert resolve.resolve_dtype("auto") == ("bfloat16" if has_bf16 else "float32")
+
+
 def test_env_cap_is_read_at_load():
     code = "from tokenmill.kernels import cpu_ops; cpu_ops.load(); print(cpu_ops.isa_level())"
     env = {**os.environ, "TOKENMILL_CPU_ISA": "scalar"}
@@ -211,9 +229,10 @@ def test_onednn_bf16_linear_method_matches_the_panels():
                                        (200, 576, 96)])
 def test_bf16_swiglu_every_level(level, m, k, inter, restore_isa):
     """silu(x Wg) * (x Wu) from one gate_up panel set against float64 over the same bf16 weights. The
-    fused path (AVX512_BF16, 3 rows or more) rounds x and the product to bf16: each output within one
-    bf16 rounding (2^-8 relative) of the reference over bf16-rounded x, plus 1e-5 of the largest
-    output for the float32 sums and the exp polynomial; elsewhere float32 out, 1e-5 of the largest."""
+    dot-product path (AVX512_BF16, 3 rows or more) rounds x and the product to bf16: each output within
+    one bf16 rounding (2^-8 relative) of the reference over bf16-rounded x, plus 1e-5 of the largest
+    output for the float32 sums and the exp polynomial; elsewhere (the widening fused kernel at AVX-512,
+    the unfused ops below) float32 out, 1e-5 of the largest."""
     if level not in cpu_ops.runnable_levels():
         pytest.skip(f"this CPU cannot run {level} ({cpu_ops.isa()})")
     assert cpu_ops.set_isa(level) == level
@@ -231,9 +250,43 @@ def test_bf16_swiglu_every_level(level, m, k, inter, restore_isa):
         assert rel_err(y, ref) < 1e-5
 
 
+@pytest.mark.parametrize("level", ["avx512_bf16", "avx512"])
+@pytest.mark.parametrize("m", [1, 2, 9])
+def test_bf16_swiglu_widened_equals_the_unfused_ops(level, m, restore_isa):
+    """Where bf16_panel_linear widens the weights at AVX-512 (every row count at the avx512 level, one or
+    two rows with AVX512_BF16), the fused kernel sums in its order and takes silu_and_mul's exp
+    polynomial: the unfused ops' values, float32 (tolerance 0)."""
+    if level not in cpu_ops.runnable_levels() or (level == "avx512_bf16" and m > 2):
+        pytest.skip(f"{level} with {m} rows is not the widening path on this CPU ({cpu_ops.isa()})")
+    cpu_ops.set_isa(level)
+    g = torch.Generator().manual_seed(11 + m)
+    w, x = torch.randn(192, 77, generator=g).bfloat16(), torch.randn(m, 77, generator=g)
+    packed = torch.ops.tokenmill.pack_bf16_panels(w)
+    y = torch.ops.tokenmill.bf16_swiglu(x, packed, 96)
+    expected = torch.ops.tokenmill.silu_and_mul(torch.ops.tokenmill.bf16_panel_linear(x, packed, 192, None))
+    assert y.dtype == torch.float32 and torch.equal(y, expected)
+
+
+def test_fused_widened_rows_do_not_depend_on_their_batch(restore_isa):
+    """At the avx512 level the fused SwiGLU and argmax take every row count through the widening
+    kernels: a row's result is the same alone and among 13 rows (tolerance 0)."""
+    if "avx512" not in cpu_ops.runnable_levels():
+        pytest.skip("this CPU has no AVX-512")
+    cpu_ops.set_isa("avx512")
+    g = torch.Generator().manual_seed(4)
+    w, x = torch.randn(256, 64, generator=g).bfloat16(), torch.randn(13, 64, generator=g)
+    packed = torch.ops.tokenmill.pack_bf16_panels(w)
+    together = torch.ops.tokenmill.bf16_swiglu(x, packed, 128)
+    ids = torch.ops.tokenmill.bf16_argmax_linear(x, packed, 256, 250)
+    for r in (0, 6, 12):
+        assert torch.equal(torch.ops.tokenmill.bf16_swiglu(x[r:r + 1], packed, 128)[0], together[r])
+        assert torch.equal(torch.ops.tokenmill.bf16_argmax_linear(x[r:r + 1], packed, 256, 250)[0], ids[r])
+
+
 def test_bf16_swiglu_is_unfused_in_batch_invariant_mode(restore_isa):
-    """Batch-invariant mode keeps the one accumulation order of bf16_panel_linear: the unfused ops,
-    float32 out, equal to running them by hand (tolerance 0)."""
+    """Batch-invariant mode keeps the one accumulation order of bf16_panel_linear: with AVX512_BF16 the
+    unfused ops; at the avx512 level the widening fused kernel, whose values are theirs: float32 out,
+    equal to running the unfused ops by hand (tolerance 0)."""
     g = torch.Generator().manual_seed(5)
     w, x = torch.randn(128, 48, generator=g).bfloat16(), torch.randn(9, 48, generator=g)
     packed = torch.ops.tokenmill.pack_bf16_panels(w)

@@ -30,7 +30,7 @@ BLOCK_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 class EngineConfig:
     model: str | None = None  # HF folder or .gguf file; None: the embedded SmolLM2-135M-Instruct
     tokenizer: str | None = None
-    dtype: str = "auto"  # auto: bfloat16 on CPUs with AVX-512 bf16, else float32
+    dtype: str = "auto"  # auto: bfloat16 where our kernels run AVX-512 (with or without AVX512_BF16), else float32
     max_model_len: int | None = None
     block_size: int = 32  # tokens per KV block; scattered K/V reads 1.2x faster than with 16 (docs/BENCHMARKS.md)
     kv_cache_memory_gb: float | None = None  # None: 10% of available memory, within [0.25, 4] GiB

@@ -8,6 +8,7 @@ import time
 
 import torch
 
+from tokenmill.cpu import cpu_has_bf16
 from tokenmill.host_memory import lazy_zeros
 
 
@@ -19,6 +20,13 @@ def best_of(fn, repeats: int = 3) -> float:
         fn()
         times.append(time.perf_counter() - t)
     return min(times)
+
+
+def peak_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype the CPU multiplies `dtype` weights in: bf16 only with AVX512_BF16; without it our
+    GEMMs widen bf16 weights to float32 in registers (and torch emulates bf16 matmuls, slower), so
+    float32's peak is the floor there."""
+    return torch.bfloat16 if dtype == torch.bfloat16 and cpu_has_bf16() else torch.float32
 
 
 def matmul_peak(dtype: torch.dtype, n: int = 2048) -> float:

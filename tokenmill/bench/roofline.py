@@ -2,7 +2,8 @@
 
 Measures in one run, with the engine's thread count:
   isa       the instruction-set paths our kernels chose on this CPU (kernels/csrc/cpu_isa.h)
-  peak      large torch.matmul GFLOP/s (the matmul floor), our panel GEMM's own at 2048 x 2048 x 2048
+  peak      large torch.matmul GFLOP/s (the matmul floor; float32's for bf16 weights on a CPU without
+            AVX512_BF16, where they are widened to float32), our panel GEMM's own at 2048 x 2048 x 2048
             in the linear layers' format, and tensor-copy GB/s (the bandwidth floor)
   prefill   model FLOP/s during a prefill-only step, as a fraction of the matmul peak (MFU)
   decode    batch-1 decode: (weight + KV bytes read per token) / step time, as a fraction of copy GB/s
@@ -123,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
 
     from tokenmill import LLM, host_memory
     from tokenmill.bench.offline import machine
-    from tokenmill.bench.peaks import copy_bandwidth, matmul_peak, panel_gemm_peak, read_bandwidth
+    from tokenmill.bench.peaks import copy_bandwidth, matmul_peak, panel_gemm_peak, peak_dtype, read_bandwidth
     llm = LLM(dtype=args.dtype, quantization=args.quantization, max_num_batched_tokens=1024,
               enable_prefix_caching=False)
     engine = llm.llm_engine
@@ -133,7 +134,8 @@ def run(args: argparse.Namespace) -> int:
                  "threads": torch.get_num_threads(), "isa": cpu_ops.isa(), "host_memory": host_memory.describe(),
                  "weights": engine.config.model.quantization,
                  "linear": type(engine.runner.model.lm_head.quant_method).__name__}
-    res["matmul_peak_gflops"] = matmul_peak(dtype)
+    res["matmul_peak_dtype"] = str(peak_dtype(dtype))
+    res["matmul_peak_gflops"] = matmul_peak(peak_dtype(dtype))
     res["panel_gemm_peak_gflops"] = panel_gemm_peak(dtype)
     res["copy_gbps"] = copy_bandwidth()
     res["read_gbps"] = read_bandwidth()
@@ -165,7 +167,7 @@ def run(args: argparse.Namespace) -> int:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default="auto")
     p.add_argument("--quantization", default=None, help="weight format (default: the model's own, gguf for the "
-                   "default model; none = float weights in --dtype: the MFU against the bf16 matmul peak)")
+                   "default model; none = float weights in --dtype: the MFU against the matmul peak of that dtype)")
     p.add_argument("--skip-cold-start", action="store_true")
     p.add_argument("--json", default=None)
 

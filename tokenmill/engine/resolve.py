@@ -105,10 +105,19 @@ def resolve_model(cfg: EngineConfig) -> ModelSpec:
 
 
 def resolve_dtype(name: str) -> str:
+    """auto: bfloat16 where our kernels run at an AVX-512 level: with AVX512_BF16 through vdpbf16ps,
+    and on AVX-512 without it too, where the GEMMs widen bf16 weights to float32 in registers; half
+    the bytes of weights and KV cache still win there (W1 1.28x float32 on machine D, docs/BENCHMARKS.md).
+    float32 on AVX2 (bf16 GEMMs slower there) and without our kernels unless the CPU has AVX512_BF16
+    (torch's bf16 matmul is emulated, several times slower, elsewhere)."""
     if name != "auto":
         return name
-    dtype = "bfloat16" if cpu_has_bf16() else "float32"
-    logger.info("dtype auto -> %s (this CPU %s AVX-512 bf16)", dtype, "has" if dtype == "bfloat16" else "lacks")
+    from tokenmill.kernels import cpu_ops
+    level = cpu_ops.isa_level()  # "unavailable" without the kernels
+    bf16 = level in ("avx512_bf16", "avx512") or (level == "unavailable" and cpu_has_bf16())
+    dtype = "bfloat16" if bf16 else "float32"
+    logger.info("dtype auto -> %s (kernels at level %s, CPU %s AVX512_BF16)", dtype, level,
+                "with" if cpu_has_bf16() else "without")
     return dtype
 
 

@@ -97,9 +97,9 @@ class Bf16PanelLinearMethod(_PackedLinearMethod):
         return torch.ops.tokenmill.bf16_panel_linear(x, packed, layer.out_features, layer.bias)
 
     def apply_swiglu(self, layer: Linear, x: torch.Tensor, down: Linear) -> torch.Tensor | None:
-        """On AVX512_BF16 CPUs the product leaves the kernel as bf16 rows (the down projection's
-        input, which it would round to bf16 anyway); elsewhere the kernel runs the unfused ops and
-        returns float32 (csrc/bf16_gemm.cpp, bf16_swiglu)."""
+        """On AVX-512 CPUs silu(g) * u leaves the gate/up GEMM's registers: as bf16 rows where the down
+        projection rounds its input to bf16 anyway (AVX512_BF16, 3+ rows), else as float32 rows; on
+        AVX2 the kernel runs the unfused ops and returns float32 (csrc/bf16_gemm.cpp, bf16_swiglu)."""
         packed = getattr(layer, "packed", None)
         inter = layer.output_sizes[0]
         if (packed is None or layer.bias is not None or len(layer.output_sizes) != 2 or layer.output_sizes[1] != inter
@@ -108,7 +108,7 @@ class Bf16PanelLinearMethod(_PackedLinearMethod):
         return torch.ops.tokenmill.bf16_swiglu(x, packed, inter)
 
     def apply_argmax(self, layer: Linear, x: torch.Tensor, n_valid: int) -> torch.Tensor | None:
-        """On AVX512_BF16 CPUs the logits stay in registers (csrc/bf16_gemm.cpp, bf16_argmax_linear)."""
+        """On AVX-512 CPUs the logits stay in registers (csrc/bf16_gemm.cpp, bf16_argmax_linear)."""
         packed = getattr(layer, "packed", None)
         if packed is None or layer.bias is not None or not _packable(x):
             return None

@@ -138,6 +138,19 @@ inline bool pair_path(int64_t M) {
          !tokenmill_isa::batch_invariant();
 }
 
+// Which kernels the fused ops (SwiGLU, greedy argmax) run for M rows: those matching the path
+// bf16_panel_linear takes for them. The dot-product pair kernels with AVX512_BF16 from three rows on;
+// the widening pair kernels where it widens at AVX-512 (every row count at the avx512 level, whose
+// kernels are batch-invariant anyway; one or two rows with AVX512_BF16); none (the unfused ops) at
+// AVX2 and scalar, and in batch-invariant mode with AVX512_BF16.
+enum class Fused { kNone, kDot, kWiden };
+inline Fused fused_path(int64_t M) {
+  const auto level = tokenmill_isa::active_level();
+  if (level == tokenmill_isa::Level::kAvx512) return Fused::kWiden;
+  if (level != tokenmill_isa::Level::kAvx512Bf16 || tokenmill_isa::batch_invariant()) return Fused::kNone;
+  return M > 2 ? Fused::kDot : Fused::kWiden;
+}
+
 // Splits a GEMM's column units (panel pairs) and M rows over the threads, calling
 // body(u0, u1, r0, r1) for the units [u0, u1) over the rows [r0, r1) in one thread. Whole units go
 // out while they divide evenly; each unit left over is shared by row slices. With one unit per pass
@@ -252,52 +265,61 @@ at::Tensor bf16_panel_linear(const at::Tensor& x, const at::Tensor& packed, int6
 }
 
 // silu(x Wg) * (x Wu) from gate_up panels packed as [Wg; Wu] (gate panels first, `inter` columns
-// each, inter a multiple of 32). With vdpbf16ps and more than two rows (the rows that take the
-// dot-product path in bf16_panel_linear) a gate panel and its up panel are multiplied together and the
-// product leaves the registers as bf16 rows, the input the down projection rounds to anyway: no
-// [M, 2 * inter] float32 intermediate, no silu_and_mul pass, no rounding pass. Elsewhere (other ISA
-// levels, one or two rows, batch-invariant mode) the unfused ops, float32 out.
+// each, inter a multiple of 32): a gate panel and its up panel are multiplied together and silu(g) * u
+// leaves the registers, with no [M, 2 * inter] float32 intermediate and no silu_and_mul pass. On the
+// dot-product path (fused_path) the product leaves as bf16 rows, the input the down projection rounds
+// to anyway (no rounding pass either); on the widening path as float32 rows, the sums of the unfused
+// ops. Elsewhere the unfused ops, float32 out.
 at::Tensor bf16_swiglu(const at::Tensor& x, const at::Tensor& packed, int64_t inter) {
   TORCH_CHECK(inter > 0 && inter % kBf16PanelCols == 0 && packed.dim() == 4 &&
                   packed.size(0) == 2 * inter / kBf16PanelCols, "bf16_swiglu: packed must hold [2 * ", inter,
               ", K] with ", inter, " a multiple of ", kBf16PanelCols);
-  if (x.dim() != 2 || !pair_path(x.size(0)))
-    return silu_and_mul(bf16_panel_linear(x, packed, 2 * inter, c10::nullopt));
+  const Fused path = x.dim() == 2 ? fused_path(x.size(0)) : Fused::kNone;
+  if (path == Fused::kNone) return silu_and_mul(bf16_panel_linear(x, packed, 2 * inter, c10::nullopt));
   TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16, "x: [M, K] float32 or bfloat16");
   const int64_t M = x.size(0), K = x.size(1);
   check_packed(packed, 2 * inter, K);
-  const at::Tensor xc = bf16_rows(x);
-  auto y = new_tensor({M, inter}, x.options().dtype(at::kBFloat16));
-  const auto* xb = reinterpret_cast<const uint16_t*>(xc.data_ptr<at::BFloat16>());
+  const bool dot = path == Fused::kDot;
+  const at::Tensor xc = dot ? bf16_rows(x) : x.to(at::kFloat).contiguous();
+  auto y = new_tensor({M, inter}, x.options().dtype(dot ? at::kBFloat16 : at::kFloat));
   const auto* pp = reinterpret_cast<const uint16_t*>(packed.data_ptr<at::BFloat16>());
-  auto* yp = reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>());
   const int64_t panel_size = packed.size(1) * kBf16PanelPairStride, pairs = inter / kBf16PanelCols;
   const int64_t kChunkRows = chunk_rows(K);
   for_balanced_units(pairs, M, [&](int64_t begin, int64_t end, int64_t r0, int64_t r1) {
     for (int64_t c0 = r0; c0 < r1; c0 += kChunkRows) {
       const int64_t rows = std::min(kChunkRows, r1 - c0);
-      for (int64_t pi = begin; pi < end; ++pi)
-        tm_avx512_bf16::bf16_swiglu_rows(xb + c0 * K, K, rows, K, pp + pi * panel_size,
-                                         pp + (pairs + pi) * panel_size, yp + c0 * inter + pi * kBf16PanelCols,
-                                         inter, kBf16PanelCols);
+      for (int64_t pi = begin; pi < end; ++pi) {
+        const uint16_t* gate = pp + pi * panel_size;
+        const uint16_t* up = pp + (pairs + pi) * panel_size;
+        const int64_t at = c0 * inter + pi * kBf16PanelCols;
+        if (dot)
+          tm_avx512_bf16::bf16_swiglu_rows(reinterpret_cast<const uint16_t*>(xc.data_ptr<at::BFloat16>()) + c0 * K,
+                                           K, rows, K, gate, up,
+                                           reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>()) + at, inter,
+                                           kBf16PanelCols);
+        else
+          tm_avx512::bf16_swiglu_rows(xc.data_ptr<float>() + c0 * K, K, rows, K, gate, up, y.data_ptr<float>() + at,
+                                      inter, kBf16PanelCols);
+      }
     }
   });
   return y;
 }
 
 // argmax over the first n_valid columns of x W^T (greedy sampling from the LM head), first index on
-// ties as torch.argmax. With vdpbf16ps and more than two rows the logits never leave the registers:
-// each thread folds its 64-column blocks into per-row, per-lane bests (the same dot products as
-// bf16_panel_linear, so the same values), merged at the end. Elsewhere bf16_panel_linear + argmax.
+// ties as torch.argmax. On the fused paths (fused_path) the logits never leave the registers: each
+// thread folds its 64-column blocks into per-row, per-lane bests (the same sums as bf16_panel_linear
+// for those rows, so the same values), merged at the end. Elsewhere bf16_panel_linear + argmax.
 at::Tensor bf16_argmax_linear(const at::Tensor& x, const at::Tensor& packed, int64_t N, int64_t n_valid) {
   TORCH_CHECK(n_valid > 0 && n_valid <= N, "n_valid must be in [1, N]");
-  if (x.dim() != 2 || !pair_path(x.size(0)))
-    return bf16_panel_linear(x, packed, N, c10::nullopt).narrow(1, 0, n_valid).argmax(1);
+  const Fused path = x.dim() == 2 ? fused_path(x.size(0)) : Fused::kNone;
+  if (path == Fused::kNone) return bf16_panel_linear(x, packed, N, c10::nullopt).narrow(1, 0, n_valid).argmax(1);
+  TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16, "x: [M, K] float32 or bfloat16");
   const int64_t M = x.size(0), K = x.size(1);
   check_packed(packed, N, K);
   const int64_t panels = packed.size(0);
-  const at::Tensor xc = bf16_rows(x);
-  const auto* xb = reinterpret_cast<const uint16_t*>(xc.data_ptr<at::BFloat16>());
+  const bool dot = path == Fused::kDot;
+  const at::Tensor xc = dot ? bf16_rows(x) : x.to(at::kFloat).contiguous();
   const auto* pp = reinterpret_cast<const uint16_t*>(packed.data_ptr<at::BFloat16>());
   const int64_t panel_size = packed.size(1) * kBf16PanelPairStride, kChunkRows = chunk_rows(K);
   std::vector<float> best_v(M, -std::numeric_limits<float>::infinity());
@@ -312,8 +334,14 @@ at::Tensor bf16_argmax_linear(const at::Tensor& x, const at::Tensor& packed, int
         const uint16_t* p0 = pp + 2 * u * panel_size;
         // an odd last panel pairs with itself: its second copy's columns are past N, never valid
         const uint16_t* p1 = 2 * u + 1 < panels ? p0 + panel_size : p0;
-        tm_avx512_bf16::bf16_panel_pair_argmax_rows(xb + c0 * K, K, rows, K, p0, p1, 2 * u * kBf16PanelCols,
-                                                    n_valid, lv.data() + 16 * c0, li.data() + 16 * c0);
+        if (dot)
+          tm_avx512_bf16::bf16_panel_pair_argmax_rows(
+              reinterpret_cast<const uint16_t*>(xc.data_ptr<at::BFloat16>()) + c0 * K, K, rows, K, p0, p1,
+              2 * u * kBf16PanelCols, n_valid, lv.data() + 16 * c0, li.data() + 16 * c0);
+        else
+          tm_avx512::bf16_panel_pair_argmax_rows(xc.data_ptr<float>() + c0 * K, K, rows, K, p0, p1,
+                                                 2 * u * kBf16PanelCols, n_valid, lv.data() + 16 * c0,
+                                                 li.data() + 16 * c0);
       }
     }
     std::lock_guard<std::mutex> lock(merge);

@@ -43,6 +43,13 @@ float exp2_round_row(const float* s, int64_t n, int64_t width, float mx, uint16_
 namespace tm_avx512 {
 void bf16_panel_rows(const float* x, int64_t lda, int64_t M, int64_t K, const uint16_t* panel, const float* bias,
                      float* y, int64_t ldy, int64_t ncols);
+// the fused pair kernels of tm_avx512_bf16 from float32 x, the SwiGLU product in float32 (the same sums
+// as bf16_panel_rows: the fused ops give the unfused ones' values up to the silu's exp)
+void bf16_panel_pair_argmax_rows(const float* x, int64_t lda, int64_t M, int64_t K, const uint16_t* panel0,
+                                 const uint16_t* panel1, int64_t n0, int64_t n_valid, float* best_v,
+                                 int32_t* best_i);
+void bf16_swiglu_rows(const float* x, int64_t lda, int64_t M, int64_t K, const uint16_t* gate_panel,
+                      const uint16_t* up_panel, float* y, int64_t ldy, int64_t ncols);
 // float32 panels P[K][16]: y[M, ncols] = x . panel (+ bias)
 void f32_panel_rows(const float* x, int64_t lda, int64_t M, int64_t K, const float* panel, const float* bias,
                     float* y, int64_t ldy, int64_t ncols);

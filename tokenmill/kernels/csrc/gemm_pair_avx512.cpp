@@ -1,11 +1,14 @@
-// AVX512_BF16 GEMM kernels that take two 32-column bf16 panels per pass over x (gemm_isa.h): the
-// linear layers' dot-product path, SwiGLU fused into the gate/up GEMM, and greedy sampling's LM head
-// argmax. Compiled for AVX-512 by the target pragma below whatever the build's baseline, and only
-// called when the running CPU has AVX512_BF16 (bf16_gemm.cpp). Standard headers come before it.
+// GEMM kernels that take two 32-column bf16 panels per pass over x (gemm_isa.h): the linear layers'
+// dot-product path (AVX512_BF16), and SwiGLU fused into the gate/up GEMM and greedy sampling's LM head
+// argmax, each from bf16 x through vdpbf16ps (AVX512_BF16) or from float32 x with the weights widened
+// in registers (AVX-512F). Compiled for AVX-512 by the target pragma below whatever the build's
+// baseline, and only called when the running CPU has the instructions (bf16_gemm.cpp). Standard
+// headers come before it.
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <type_traits>
 
 #include "gemm_isa.h"
 
@@ -69,6 +72,57 @@ __attribute__((always_inline)) inline void dp2_accumulate(const uint16_t* x, int
 
 constexpr int dp2_sets(int mr) { return mr == 1 ? 2 : 1; }
 
+// The same MR x 64 block from float32 x, the bf16 weights widened to float32 in registers (AVX-512F
+// without BF16: shifting a pair lane left by 16 gives w[k], masking its low half w[k+1]). Per k pair
+// the even k, then the odd k, into one accumulator set: bf16_widen_kernel's order, so every column's
+// sum is the one bf16_panel_rows gives at this level. The weights are loaded twice (once per half) so
+// that 24 accumulators, 4 weight vectors and a broadcast fit the 32 zmm.
+template <int MR>
+__attribute__((always_inline)) inline void widen2_accumulate(const float* x, int64_t lda, int64_t K,
+                                                             const uint16_t* p0, const uint16_t* p1,
+                                                             __m512 (&acc)[MR][4]) {
+#pragma GCC unroll 16
+  for (int r = 0; r < MR; ++r)
+    for (int j = 0; j < 4; ++j) acc[r][j] = _mm512_setzero_ps();
+  const __m512i hi = _mm512_set1_epi32(static_cast<int32_t>(0xFFFF0000u));
+  const int64_t pairs = (K + 1) / 2;
+  for (int64_t kk = 0; kk < pairs; ++kk) {
+    const uint16_t* src[4] = {p0 + kk * kBf16PanelPairStride, p0 + kk * kBf16PanelPairStride + 32,
+                              p1 + kk * kBf16PanelPairStride, p1 + kk * kBf16PanelPairStride + 32};
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; j += 2) _mm_prefetch(reinterpret_cast<const char*>(src[j]) + 1024, _MM_HINT_T0);
+    __m512 w[4];
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; ++j) w[j] = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_loadu_si512(src[j]), 16));
+#pragma GCC unroll 8
+    for (int r = 0; r < MR; ++r) {
+      const __m512 a = _mm512_set1_ps(x[r * lda + 2 * kk]);
+#pragma GCC unroll 4
+      for (int j = 0; j < 4; ++j) acc[r][j] = _mm512_fmadd_ps(a, w[j], acc[r][j]);
+    }
+    if (2 * kk + 1 < K) {
+#pragma GCC unroll 4
+      for (int j = 0; j < 4; ++j) w[j] = _mm512_castsi512_ps(_mm512_and_si512(_mm512_loadu_si512(src[j]), hi));
+#pragma GCC unroll 8
+      for (int r = 0; r < MR; ++r) {
+        const __m512 a = _mm512_set1_ps(x[r * lda + 2 * kk + 1]);
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; ++j) acc[r][j] = _mm512_fmadd_ps(a, w[j], acc[r][j]);
+      }
+    }
+  }
+}
+
+// x in bf16 bits: the dot-product block; float32 x: the widened one
+template <int MR, typename X>
+__attribute__((always_inline)) inline void accumulate2(const X* x, int64_t lda, int64_t K, const uint16_t* p0,
+                                                       const uint16_t* p1, __m512 (&acc)[MR][4]) {
+  if constexpr (std::is_same_v<X, float>)
+    widen2_accumulate<MR>(x, lda, K, p0, p1, acc);
+  else
+    dp2_accumulate<MR, dp2_sets(MR)>(x, lda, K, p0, p1, acc);
+}
+
 // y[MR, ncols <= 64] = x . [p0 | p1] (+ bias)
 template <int MR>
 void bf16_dp2_kernel(const uint16_t* x, int64_t lda, int64_t K, const uint16_t* p0, const uint16_t* p1,
@@ -81,22 +135,28 @@ void bf16_dp2_kernel(const uint16_t* x, int64_t lda, int64_t K, const uint16_t* 
       store16(y + r * ldy + 16 * j, bias ? bias + 16 * j : nullptr, acc[r][j], ncols - 16 * j);
 }
 
-// SwiGLU: y[MR, ncols <= 32] (bf16) = silu(x . pg) * (x . pu), for the down projection, which rounds
-// its input to bf16 anyway. silu as silu_and_mul computes it (g / (1 + exp(-g)), the same exp).
-template <int MR>
-void bf16_swiglu_kernel(const uint16_t* x, int64_t lda, int64_t K, const uint16_t* pg, const uint16_t* pu,
-                        uint16_t* y, int64_t ldy, int64_t ncols) {
+// SwiGLU: y[MR, ncols <= 32] = silu(x . pg) * (x . pu); silu as silu_and_mul computes it (g / (1 +
+// exp(-g)), the same exp polynomial). From bf16 x, y in bf16 (for the down projection's dot-product
+// path, which rounds its input to bf16 anyway); from float32 x, float32 y (the widening path's input).
+template <int MR, typename X, typename Y>
+void swiglu_kernel(const X* x, int64_t lda, int64_t K, const uint16_t* pg, const uint16_t* pu, Y* y, int64_t ldy,
+                   int64_t ncols) {
   __m512 acc[MR][4];
-  dp2_accumulate<MR, dp2_sets(MR)>(x, lda, K, pg, pu, acc);
+  accumulate2<MR>(x, lda, K, pg, pu, acc);
   const __m512 zero = _mm512_setzero_ps(), one = _mm512_set1_ps(1.f);
 #pragma GCC unroll 8
   for (int r = 0; r < MR; ++r)
     for (int j = 0; j < 2; ++j) {
       const __m512 g = acc[r][j], u = acc[r][j + 2];
       const __m512 den = _mm512_add_ps(one, tm_avx512_math::exp512(_mm512_sub_ps(zero, g)));
-      const __m256bh h = _mm512_cvtneps_pbh(_mm512_mul_ps(_mm512_div_ps(g, den), u));
+      const __m512 out = _mm512_mul_ps(_mm512_div_ps(g, den), u);
       const __mmask16 m = cols_mask(ncols - 16 * j);
-      if (m) _mm256_mask_storeu_epi16(y + r * ldy + 16 * j, m, reinterpret_cast<const __m256i&>(h));
+      if constexpr (std::is_same_v<Y, float>) {
+        _mm512_mask_storeu_ps(y + r * ldy + 16 * j, m, out);
+      } else {
+        const __m256bh h = _mm512_cvtneps_pbh(out);
+        if (m) _mm256_mask_storeu_epi16(y + r * ldy + 16 * j, m, reinterpret_cast<const __m256i&>(h));
+      }
     }
 }
 
@@ -104,11 +164,11 @@ void bf16_swiglu_kernel(const uint16_t* x, int64_t lda, int64_t K, const uint16_
 // values) folded into each row's running best per lane: best_v/best_i [MR][16], lane l having seen
 // columns = l (mod 16) in increasing order; a strictly greater value replaces, so each lane keeps the
 // first column of its maximum. Columns at or past n_valid are skipped.
-template <int MR>
-void bf16_argmax_kernel(const uint16_t* x, int64_t lda, int64_t K, const uint16_t* p0, const uint16_t* p1,
-                        int64_t n0, int64_t n_valid, float* best_v, int32_t* best_i) {
+template <int MR, typename X>
+void argmax_kernel(const X* x, int64_t lda, int64_t K, const uint16_t* p0, const uint16_t* p1, int64_t n0,
+                   int64_t n_valid, float* best_v, int32_t* best_i) {
   __m512 acc[MR][4];
-  dp2_accumulate<MR, dp2_sets(MR)>(x, lda, K, p0, p1, acc);
+  accumulate2<MR>(x, lda, K, p0, p1, acc);
   const __m512i lanes = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
 #pragma GCC unroll 4
   for (int j = 0; j < 4; ++j) {
@@ -125,14 +185,32 @@ void bf16_argmax_kernel(const uint16_t* x, int64_t lda, int64_t K, const uint16_
   }
 }
 
-using SwigluFn = void (*)(const uint16_t*, int64_t, int64_t, const uint16_t*, const uint16_t*, uint16_t*, int64_t,
-                          int64_t);
-constexpr SwigluFn kSwiglu[] = {nullptr, bf16_swiglu_kernel<1>, bf16_swiglu_kernel<2>, bf16_swiglu_kernel<3>,
-                                bf16_swiglu_kernel<4>, bf16_swiglu_kernel<5>, bf16_swiglu_kernel<6>};
-using ArgmaxFn = void (*)(const uint16_t*, int64_t, int64_t, const uint16_t*, const uint16_t*, int64_t, int64_t,
-                          float*, int32_t*);
-constexpr ArgmaxFn kArgmax[] = {nullptr, bf16_argmax_kernel<1>, bf16_argmax_kernel<2>, bf16_argmax_kernel<3>,
-                                bf16_argmax_kernel<4>, bf16_argmax_kernel<5>, bf16_argmax_kernel<6>};
+template <typename X, typename Y>
+using SwigluFn = void (*)(const X*, int64_t, int64_t, const uint16_t*, const uint16_t*, Y*, int64_t, int64_t);
+template <typename X, typename Y>
+constexpr SwigluFn<X, Y> kSwiglu[] = {nullptr, swiglu_kernel<1, X, Y>, swiglu_kernel<2, X, Y>, swiglu_kernel<3, X, Y>,
+                                      swiglu_kernel<4, X, Y>, swiglu_kernel<5, X, Y>, swiglu_kernel<6, X, Y>};
+template <typename X>
+using ArgmaxFn = void (*)(const X*, int64_t, int64_t, const uint16_t*, const uint16_t*, int64_t, int64_t, float*,
+                          int32_t*);
+template <typename X>
+constexpr ArgmaxFn<X> kArgmax[] = {nullptr, argmax_kernel<1, X>, argmax_kernel<2, X>, argmax_kernel<3, X>,
+                                   argmax_kernel<4, X>, argmax_kernel<5, X>, argmax_kernel<6, X>};
+
+template <typename X>
+void argmax_rows(const X* x, int64_t lda, int64_t M, int64_t K, const uint16_t* panel0, const uint16_t* panel1,
+                 int64_t n0, int64_t n_valid, float* best_v, int32_t* best_i) {
+  for_row_blocks<6>(M, [&](int64_t r0, int64_t rows) {
+    kArgmax<X>[rows](x + r0 * lda, lda, K, panel0, panel1, n0, n_valid, best_v + 16 * r0, best_i + 16 * r0);
+  });
+}
+template <typename X, typename Y>
+void swiglu_rows(const X* x, int64_t lda, int64_t M, int64_t K, const uint16_t* gate_panel, const uint16_t* up_panel,
+                 Y* y, int64_t ldy, int64_t ncols) {
+  for_row_blocks<6>(M, [&](int64_t r0, int64_t rows) {
+    kSwiglu<X, Y>[rows](x + r0 * lda, lda, K, gate_panel, up_panel, y + r0 * ldy, ldy, ncols);
+  });
+}
 using Dp2Fn = void (*)(const uint16_t*, int64_t, int64_t, const uint16_t*, const uint16_t*, const float*, float*,
                        int64_t, int64_t);
 constexpr Dp2Fn kDp2[] = {nullptr, bf16_dp2_kernel<1>, bf16_dp2_kernel<2>, bf16_dp2_kernel<3>,
@@ -145,9 +223,7 @@ using namespace tm_avx512_detail;
 void bf16_panel_pair_argmax_rows(const uint16_t* x, int64_t lda, int64_t M, int64_t K, const uint16_t* panel0,
                                  const uint16_t* panel1, int64_t n0, int64_t n_valid, float* best_v,
                                  int32_t* best_i) {
-  for_row_blocks<6>(M, [&](int64_t r0, int64_t rows) {
-    kArgmax[rows](x + r0 * lda, lda, K, panel0, panel1, n0, n_valid, best_v + 16 * r0, best_i + 16 * r0);
-  });
+  argmax_rows(x, lda, M, K, panel0, panel1, n0, n_valid, best_v, best_i);
 }
 void bf16_panel_pair_rows(const uint16_t* x, int64_t lda, int64_t M, int64_t K, const uint16_t* panel0,
                           const uint16_t* panel1, const float* bias, float* y, int64_t ldy, int64_t ncols) {
@@ -157,15 +233,26 @@ void bf16_panel_pair_rows(const uint16_t* x, int64_t lda, int64_t M, int64_t K, 
 }
 void bf16_swiglu_rows(const uint16_t* x, int64_t lda, int64_t M, int64_t K, const uint16_t* gate_panel,
                       const uint16_t* up_panel, uint16_t* y, int64_t ldy, int64_t ncols) {
-  for_row_blocks<6>(M, [&](int64_t r0, int64_t rows) {
-    kSwiglu[rows](x + r0 * lda, lda, K, gate_panel, up_panel, y + r0 * ldy, ldy, ncols);
-  });
+  swiglu_rows(x, lda, M, K, gate_panel, up_panel, y, ldy, ncols);
 }
 }  // namespace tm_avx512_bf16
 
+namespace tm_avx512 {
+using namespace tm_avx512_detail;
+void bf16_panel_pair_argmax_rows(const float* x, int64_t lda, int64_t M, int64_t K, const uint16_t* panel0,
+                                 const uint16_t* panel1, int64_t n0, int64_t n_valid, float* best_v,
+                                 int32_t* best_i) {
+  argmax_rows(x, lda, M, K, panel0, panel1, n0, n_valid, best_v, best_i);
+}
+void bf16_swiglu_rows(const float* x, int64_t lda, int64_t M, int64_t K, const uint16_t* gate_panel,
+                      const uint16_t* up_panel, float* y, int64_t ldy, int64_t ncols) {
+  swiglu_rows(x, lda, M, K, gate_panel, up_panel, y, ldy, ncols);
+}
+}  // namespace tm_avx512
+
 TM_AVX512_END
 
-#else  // not x86-64: the level never reaches AVX512_BF16 (cpu_isa.cpp), so these are never called
+#else  // not x86-64: the level never reaches AVX-512 (cpu_isa.cpp), so these are never called
 namespace tm_avx512_bf16 {
 void bf16_swiglu_rows(const uint16_t*, int64_t, int64_t, int64_t, const uint16_t*, const uint16_t*, uint16_t*,
                       int64_t, int64_t) {
@@ -180,4 +267,14 @@ void bf16_panel_pair_argmax_rows(const uint16_t*, int64_t, int64_t, int64_t, con
   std::abort();
 }
 }  // namespace tm_avx512_bf16
+namespace tm_avx512 {
+void bf16_panel_pair_argmax_rows(const float*, int64_t, int64_t, int64_t, const uint16_t*, const uint16_t*, int64_t,
+                                 int64_t, float*, int32_t*) {
+  std::abort();
+}
+void bf16_swiglu_rows(const float*, int64_t, int64_t, int64_t, const uint16_t*, const uint16_t*, float*, int64_t,
+                      int64_t) {
+  std::abort();
+}
+}  // namespace tm_avx512
 #endif
