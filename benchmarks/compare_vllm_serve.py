@@ -10,8 +10,9 @@ Each `--tokenmill-variant` adds one more tokenmill server, with those extra `ser
 the same run after the plain one (as `tokenmill-2`, `tokenmill-3`, ...) and compared with it.
 
 Both servers get the default model's HF folder (tokenmill with `--quantization none`, so both run the
-same float weights; `--model` an AWQ folder for 4-bit in both), the same dtype (auto: bfloat16 on AVX-512 bf16 CPUs,
-as each engine decides; vLLM is given the dtype tokenmill resolved, so both compute in the same one),
+same float weights; `--model` an AWQ folder for 4-bit in both), the same dtype (auto: bfloat16 on AVX-512 CPUs,
+as each engine decides; vLLM is given the dtype tokenmill resolved, so both compute in the same one, unless
+`--peer-dtype` names another),
 max_model_len the model's context length (--max-model-len: so long-short-mix's 4096-token prompts are served,
 not refused), and both cores (vLLM: tcmalloc and libiomp5 preloaded, OpenMP threads bound to
 this process's cores, 4 GiB KV cache, as its CPU docs advise; the flags are recorded in
@@ -90,6 +91,9 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--peer-venv", required=True)
     p.add_argument("--dtype", default="auto")
+    p.add_argument("--peer-dtype", default=None,
+                   help="vLLM's dtype (default: the one tokenmill resolved); e.g. float32 on an AVX-512 CPU "
+                        "without AVX512_BF16, where vLLM's bfloat16 is several times slower than its float32")
     p.add_argument("--model", default=None, help="HF folder for both servers (default: the default model's folder; "
                    "an AWQ folder from `tokenmill quantize --method awq --group-size 64` runs 4-bit in both)")
     p.add_argument("--quantization", default=None, help="tokenmill's weight format (default: none for the default "
@@ -121,10 +125,11 @@ def main(argv: list[str] | None = None) -> int:
                 "--max-model-len", str(args.max_model_len), "--disable-log-stats",
                 *(["--quantization", quantization] if quantization else [])]
     peer_cmd = [str(vllm_py), "-m", "vllm.entrypoints.openai.api_server", "--model", folder, "--port", "8012",
-                "--dtype", dtype, "--max-model-len", str(args.max_model_len), "--seed", "0",
+                "--dtype", args.peer_dtype or dtype, "--max-model-len", str(args.max_model_len), "--seed", "0",
                 "--disable-log-stats"]
     env_peer = peer_env(args.peer_venv, kvcache_gib=4, preload=True)
-    record = {"date": time.strftime("%Y-%m-%d %H:%M"), "dtype": dtype, "max_model_len": args.max_model_len, "argv": sys.argv, "model": folder,
+    record = {"date": time.strftime("%Y-%m-%d %H:%M"), "dtype": dtype, "peer_dtype": args.peer_dtype or dtype,
+              "max_model_len": args.max_model_len, "argv": sys.argv, "model": folder,
               "tokenmill_quantization": quantization,
               "vllm_env": {k: env_peer[k] for k in ("LD_PRELOAD", "VLLM_CPU_OMP_THREADS_BIND",
                                                     "VLLM_CPU_KVCACHE_SPACE") if k in env_peer}}

@@ -62,14 +62,18 @@ def test_bf16_dot_product_path_rounds_x_as_torch_does(m, restore_isa):
 
 
 @pytest.mark.parametrize("level", ["avx512", "avx2"])
-@pytest.mark.parametrize("m", [1, 2, 4, 7, 15, 40])
-def test_float32_panel_linear_every_level(level, m, restore_isa):
+@pytest.mark.parametrize("m", [1, 2, 4, 7, 8, 15, 40, 100])
+@pytest.mark.parametrize("n", [50, 40, 96])
+def test_float32_panel_linear_every_level(level, m, n, restore_isa):
+    """From 8 rows AVX-512 takes the panels in pairs: an even count (96), a partial last pair (50: 16 +
+    2 columns) and an odd last panel (40: a pair, then 8 columns alone). 1e-5 of the largest output
+    against float64."""
     if level not in cpu_ops.runnable_levels():
         pytest.skip(f"this CPU cannot run {level}")
     cpu_ops.set_isa(level)
-    g = torch.Generator().manual_seed(m)
-    w, x, bias = torch.randn(50, 67, generator=g), torch.randn(m, 67, generator=g), torch.randn(50, generator=g)
-    y = torch.ops.tokenmill.panel_linear(x, torch.ops.tokenmill.pack_panels(w), 50, bias)
+    g = torch.Generator().manual_seed(m * n)
+    w, x, bias = torch.randn(n, 67, generator=g), torch.randn(m, 67, generator=g), torch.randn(n, generator=g)
+    y = torch.ops.tokenmill.panel_linear(x, torch.ops.tokenmill.pack_panels(w), n, bias)
     assert rel_err(y, F.linear(x.double(), w.double(), bias.double())) < 1e-5
 
 

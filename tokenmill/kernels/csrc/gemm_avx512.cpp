@@ -150,6 +150,41 @@ void f32_kernel(const float* x, int64_t lda, int64_t K, const float* p, const fl
   }
 }
 
+// float32 panels two at a time: an MR x 32 block (p0's 16 columns, then p1's) in two accumulators per
+// row, MR <= 12 (24 zmm), one set over k in order. Each broadcast of x feeds two FMAs instead of one:
+// with two 512-bit FMA ports the single-panel kernel issues a broadcast load per FMA and waits on the
+// load ports (docs/BENCHMARKS.md, session 29).
+template <int MR>
+void f32_pair_kernel(const float* x, int64_t lda, int64_t K, const float* p0, const float* p1, const float* bias,
+                     float* y, int64_t ldy, int64_t ncols) {
+  __m512 c0[MR], c1[MR];
+#pragma GCC unroll 16
+  for (int r = 0; r < MR; ++r) c0[r] = c1[r] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < K; ++k) {
+    _mm_prefetch(reinterpret_cast<const char*>(p0 + k * 16) + 1024, _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(p1 + k * 16) + 1024, _MM_HINT_T0);
+    const __m512 b0 = _mm512_loadu_ps(p0 + k * 16), b1 = _mm512_loadu_ps(p1 + k * 16);
+#pragma GCC unroll 16
+    for (int r = 0; r < MR; ++r) {
+      const __m512 a = _mm512_set1_ps(x[r * lda + k]);
+      c0[r] = _mm512_fmadd_ps(a, b0, c0[r]);
+      c1[r] = _mm512_fmadd_ps(a, b1, c1[r]);
+    }
+  }
+#pragma GCC unroll 16
+  for (int r = 0; r < MR; ++r) {
+    store16(y + r * ldy, bias, c0[r], ncols);
+    store16(y + r * ldy + 16, bias ? bias + 16 : nullptr, c1[r], ncols - 16);
+  }
+}
+
+using F32PairFn = void (*)(const float*, int64_t, int64_t, const float*, const float*, const float*, float*, int64_t,
+                           int64_t);
+constexpr F32PairFn kF32Pair[] = {nullptr, f32_pair_kernel<1>, f32_pair_kernel<2>, f32_pair_kernel<3>,
+                                  f32_pair_kernel<4>, f32_pair_kernel<5>, f32_pair_kernel<6>, f32_pair_kernel<7>,
+                                  f32_pair_kernel<8>, f32_pair_kernel<9>, f32_pair_kernel<10>, f32_pair_kernel<11>,
+                                  f32_pair_kernel<12>};
+
 // M rows in blocks of at most MAX rows (for_row_blocks), each block through KERNEL<rows>.
 template <int MAX, typename X, typename P, typename Kernel>
 inline void row_blocks(const X* x, int64_t lda, int64_t M, int64_t K, const P* panel, const float* bias, float* y,
@@ -266,6 +301,12 @@ void f32_panel_rows(const float* x, int64_t lda, int64_t M, int64_t K, const flo
   else
     row_blocks<14>(x, lda, M, K, panel, bias, y, ldy, ncols, kF32<false>);
 }
+void f32_panel_pair_rows(const float* x, int64_t lda, int64_t M, int64_t K, const float* panel0,
+                         const float* panel1, const float* bias, float* y, int64_t ldy, int64_t ncols) {
+  for_row_blocks<12>(M, [&](int64_t r0, int64_t rows) {
+    kF32Pair[rows](x + r0 * lda, lda, K, panel0, panel1, bias, y + r0 * ldy, ldy, ncols);
+  });
+}
 void f32_panel_rows_acc(const float* x, int64_t lda, int64_t M, int64_t K, const float* panel, float* y,
                         int64_t ldy, int64_t ncols) {
   if (tokenmill_isa::batch_invariant())
@@ -292,6 +333,10 @@ void bf16_panel_rows(const float*, int64_t, int64_t, int64_t, const uint16_t*, c
                      int64_t) { std::abort(); }
 void f32_panel_rows(const float*, int64_t, int64_t, int64_t, const float*, const float*, float*, int64_t,
                     int64_t) { std::abort(); }
+void f32_panel_pair_rows(const float*, int64_t, int64_t, int64_t, const float*, const float*, const float*, float*,
+                         int64_t, int64_t) {
+  std::abort();
+}
 void f32_panel_rows_acc(const float*, int64_t, int64_t, int64_t, const float*, float*, int64_t, int64_t) {
   std::abort();
 }

@@ -53,6 +53,9 @@ void bf16_swiglu_rows(const float* x, int64_t lda, int64_t M, int64_t K, const u
 // float32 panels P[K][16]: y[M, ncols] = x . panel (+ bias)
 void f32_panel_rows(const float* x, int64_t lda, int64_t M, int64_t K, const float* panel, const float* bias,
                     float* y, int64_t ldy, int64_t ncols);
+// y[M, ncols <= 32] = x . [panel0 | panel1] (+ bias): two float32 panels per pass over x (not batch-invariant)
+void f32_panel_pair_rows(const float* x, int64_t lda, int64_t M, int64_t K, const float* panel0,
+                         const float* panel1, const float* bias, float* y, int64_t ldy, int64_t ncols);
 // y[M, ncols] += x . panel
 void f32_panel_rows_acc(const float* x, int64_t lda, int64_t M, int64_t K, const float* panel, float* y,
                         int64_t ldy, int64_t ncols);

@@ -66,17 +66,24 @@ at::Tensor panel_linear(const at::Tensor& x, const at::Tensor& packed, int64_t N
   // thread's panels stream past it (the weight is read once per chunk, once in all at decode sizes).
   constexpr int64_t kChunkRows = 96;
   const bool avx512 = tokenmill_isa::active_level() >= tokenmill_isa::Level::kAvx512;
-  at::parallel_for(0, panels, 4, [&](int64_t begin, int64_t end) {
+  // from 8 rows AVX-512 takes adjacent panels two at a time (one broadcast of x per two FMAs); fewer rows
+  // stream the weights, and batch-invariant mode keeps the single-panel kernels' one order
+  const int64_t span = avx512 && M >= 8 && !tokenmill_isa::batch_invariant() ? 2 : 1;
+  at::parallel_for(0, (panels + span - 1) / span, 4 / span, [&](int64_t begin, int64_t end) {
     for (int64_t c0 = 0; c0 < M; c0 += kChunkRows) {
       const int64_t rows_c = std::min(kChunkRows, M - c0);
-      for (int64_t pi = begin; pi < end; ++pi) {
-        const int64_t n0 = pi * NR, ncols = std::min(NR, N - n0);
+      for (int64_t pi = begin * span; pi < std::min(end * span, panels); pi += span) {
+        const int64_t n0 = pi * NR;
         const float* panel = pp + pi * K * NR;
-        if (avx512)
-          tm_avx512::f32_panel_rows(xp + c0 * K, K, rows_c, K, panel, b ? b + n0 : nullptr, yp + c0 * N + n0, N, ncols);
+        if (span == 2 && pi + 1 < panels)
+          tm_avx512::f32_panel_pair_rows(xp + c0 * K, K, rows_c, K, panel, panel + K * NR, b ? b + n0 : nullptr,
+                                         yp + c0 * N + n0, N, std::min(2 * NR, N - n0));
+        else if (avx512)
+          tm_avx512::f32_panel_rows(xp + c0 * K, K, rows_c, K, panel, b ? b + n0 : nullptr, yp + c0 * N + n0, N,
+                                    std::min(NR, N - n0));
         else
           tokenmill_gemm::panel_rows<false>(xp + c0 * K, K, rows_c, K, panel, b ? b + n0 : nullptr, yp + c0 * N + n0,
-                                            N, ncols);
+                                            N, std::min(NR, N - n0));
       }
     }
   });
