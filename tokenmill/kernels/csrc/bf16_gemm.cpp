@@ -291,14 +291,14 @@ at::Tensor bf16_swiglu(const at::Tensor& x, const at::Tensor& packed, int64_t in
       for (int64_t pi = begin; pi < end; ++pi) {
         const uint16_t* gate = pp + pi * panel_size;
         const uint16_t* up = pp + (pairs + pi) * panel_size;
-        const int64_t at = c0 * inter + pi * kBf16PanelCols;
+        const int64_t y0 = c0 * inter + pi * kBf16PanelCols;
         if (dot)
           tm_avx512_bf16::bf16_swiglu_rows(reinterpret_cast<const uint16_t*>(xc.data_ptr<at::BFloat16>()) + c0 * K,
                                            K, rows, K, gate, up,
-                                           reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>()) + at, inter,
+                                           reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>()) + y0, inter,
                                            kBf16PanelCols);
         else
-          tm_avx512::bf16_swiglu_rows(xc.data_ptr<float>() + c0 * K, K, rows, K, gate, up, y.data_ptr<float>() + at,
+          tm_avx512::bf16_swiglu_rows(xc.data_ptr<float>() + c0 * K, K, rows, K, gate, up, y.data_ptr<float>() + y0,
                                       inter, kBf16PanelCols);
       }
     }
