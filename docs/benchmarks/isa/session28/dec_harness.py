@@ -3,7 +3,8 @@ switch, edited in at run time into a temporary copy) over B sequences of 64-700 
 bf16, 9 heads / 3 KV heads / D 64, 2 threads: GB/s of K/V read, and the K pass / softmax / V pass split.
 L=30 layers' caches: read from DRAM; L=1 with B=24 (7 MB): from cache. Variant 1 prefetches the V
 pass's first two tiles before the softmax. Outputs are checked equal across variants.
-    python docs/benchmarks/isa/session28/dec_harness.py   (env B, L, VARIANTS=0,1)"""
+    python docs/benchmarks/isa/session28/dec_harness.py   (env B, L, VARIANTS=0,1; AHEAD=n prefetches n tiles
+    ahead instead of 2, session 29; give each build its own TAG)"""
 import os, sys, tempfile, time, torch
 from torch.utils.cpp_extension import load_inline
 CS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "../../../../tokenmill/kernels/csrc")
@@ -39,6 +40,12 @@ def timed_copy() -> str:
              ('inv[r] = softmax_numerators(s + r * len, len);', 'inv[r] = softmax_numerators(s + r * len, len);\n  uint64_t c2 = __rdtsc();'),
              ('  for (int64_t r = 0; r < nh * G; ++r) {\n    float* outr', '  uint64_t c3 = __rdtsc(); tm_probe::tk += c1 - c0; tm_probe::ts += c2 - c1; tm_probe::tv += c3 - c2;\n'
               '  for (int64_t r = 0; r < nh * G; ++r) {\n    float* outr')]
+    ahead = int(os.environ.get("AHEAD", 2))  # tiles prefetched ahead (session 29; the kernel's is 2)
+    if ahead != 2:
+        edits += [("const int64_t a = std::min(len, t0 + 2 * TB); prefetch_rows(k,",
+                   f"const int64_t a = std::min(len, t0 + {ahead} * TB); prefetch_rows(k,"),
+                  ("const int64_t a = std::min(len, t0 + 2 * TB); prefetch_rows(v,",
+                   f"const int64_t a = std::min(len, t0 + {ahead} * TB); prefetch_rows(v,")]
     for old, new in edits:
         assert s.count(old) == 1, f"decode_avx512.cpp changed: {old!r}"
         s = s.replace(old, new)
