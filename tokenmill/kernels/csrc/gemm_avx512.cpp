@@ -85,6 +85,8 @@ void bf16_dp_kernel(const uint16_t* x, int64_t lda, int64_t K, const uint16_t* p
 
 // bf16 weights widened to f32 in registers (AVX-512F without BF16): lane j of a pair row holds
 // (w[k][j], w[k+1][j]); shifting left by 16 gives w[k] and masking the low half gives w[k+1].
+// Up to 12 rows (24 accumulators + 4 widened vectors + a broadcast): the 4 widening ops of a k pair
+// are shared by more FMAs than at 8 (W1 1.01-1.02x on machine D, docs/BENCHMARKS.md session 29).
 template <int MR>
 void bf16_widen_kernel(const float* x, int64_t lda, int64_t K, const uint16_t* p, const float* bias, float* y,
                        int64_t ldy, int64_t ncols) {
@@ -208,7 +210,8 @@ constexpr Bf16DpFn kBf16DpAcc[] = {nullptr, kBf16DpAccOf<1>, kBf16DpAccOf<2>, kB
                                    kBf16DpAccOf<9>, kBf16DpAccOf<10>, kBf16DpAccOf<11>, kBf16DpAccOf<12>};
 constexpr WidenFn kWiden[] = {nullptr, bf16_widen_kernel<1>, bf16_widen_kernel<2>, bf16_widen_kernel<3>,
                               bf16_widen_kernel<4>, bf16_widen_kernel<5>, bf16_widen_kernel<6>,
-                              bf16_widen_kernel<7>, bf16_widen_kernel<8>};
+                              bf16_widen_kernel<7>, bf16_widen_kernel<8>, bf16_widen_kernel<9>,
+                              bf16_widen_kernel<10>, bf16_widen_kernel<11>, bf16_widen_kernel<12>};
 template <bool ACC>
 constexpr F32Fn kF32[] = {nullptr, f32_kernel<1, ACC>, f32_kernel<2, ACC>, f32_kernel<3, ACC>, f32_kernel<4, ACC>,
                           f32_kernel<5, ACC>, f32_kernel<6, ACC>, f32_kernel<7, ACC>, f32_kernel<8, ACC>,
@@ -292,7 +295,7 @@ namespace tm_avx512 {
 using namespace tm_avx512_detail;
 void bf16_panel_rows(const float* x, int64_t lda, int64_t M, int64_t K, const uint16_t* panel, const float* bias,
                      float* y, int64_t ldy, int64_t ncols) {
-  row_blocks<8>(x, lda, M, K, panel, bias, y, ldy, ncols, kWiden);
+  row_blocks<12>(x, lda, M, K, panel, bias, y, ldy, ncols, kWiden);
 }
 void f32_panel_rows(const float* x, int64_t lda, int64_t M, int64_t K, const float* panel, const float* bias,
                     float* y, int64_t ldy, int64_t ncols) {
