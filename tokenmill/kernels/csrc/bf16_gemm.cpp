@@ -131,24 +131,24 @@ at::Tensor bf16_rows(const at::Tensor& x) {
 // rows per pass over the weights: an x slice of ~384 KiB stays in L2 while a thread's panels stream past
 inline int64_t chunk_rows(int64_t K) { return std::clamp<int64_t>((384 << 10) / (K * 4), 48, 1024); }
 
-// The two-panel kernels (gemm_pair_avx512.cpp) serve the dot-product path's rows outside batch-invariant
-// mode: AVX512_BF16 and three rows or more (one or two stream the weights as fast widened, unrounded).
-inline bool pair_path(int64_t M) {
-  return tokenmill_isa::active_level() == tokenmill_isa::Level::kAvx512Bf16 && M > 2 &&
-         !tokenmill_isa::batch_invariant();
+// Which two-panel kernels (gemm_pair_avx512.cpp) serve M rows: the dot-product ones with AVX512_BF16
+// from three rows on (one or two stream the weights as fast widened, unrounded) outside batch-invariant
+// mode; the widening ones at the avx512 level for every row count (its kernels are batch-invariant
+// anyway) and with AVX512_BF16 for one or two rows; none at AVX2 and scalar, and in batch-invariant
+// mode with AVX512_BF16. bf16_panel_linear takes the dot-product ones; the fused ops (SwiGLU, greedy
+// argmax) take either, so they match the path bf16_panel_linear takes for the same rows, or fall back
+// to the unfused ops.
+enum class PairPath { kNone, kDot, kWiden };
+inline PairPath pair_path(int64_t M) {
+  const auto level = tokenmill_isa::active_level();
+  if (level == tokenmill_isa::Level::kAvx512) return PairPath::kWiden;
+  if (level != tokenmill_isa::Level::kAvx512Bf16 || tokenmill_isa::batch_invariant()) return PairPath::kNone;
+  return M > 2 ? PairPath::kDot : PairPath::kWiden;
 }
 
-// Which kernels the fused ops (SwiGLU, greedy argmax) run for M rows: those matching the path
-// bf16_panel_linear takes for them. The dot-product pair kernels with AVX512_BF16 from three rows on;
-// the widening pair kernels where it widens at AVX-512 (every row count at the avx512 level, whose
-// kernels are batch-invariant anyway; one or two rows with AVX512_BF16); none (the unfused ops) at
-// AVX2 and scalar, and in batch-invariant mode with AVX512_BF16.
-enum class Fused { kNone, kDot, kWiden };
-inline Fused fused_path(int64_t M) {
-  const auto level = tokenmill_isa::active_level();
-  if (level == tokenmill_isa::Level::kAvx512) return Fused::kWiden;
-  if (level != tokenmill_isa::Level::kAvx512Bf16 || tokenmill_isa::batch_invariant()) return Fused::kNone;
-  return M > 2 ? Fused::kDot : Fused::kWiden;
+// x as the path's kernels read it: bf16 rows for the dot-product kernels, float32 rows for the widening ones
+inline at::Tensor path_rows(const at::Tensor& x, bool dot) {
+  return dot ? bf16_rows(x) : x.to(at::kFloat).contiguous();
 }
 
 // Splits a GEMM's column units (panel pairs) and M rows over the threads, calling
@@ -225,14 +225,14 @@ at::Tensor bf16_panel_linear(const at::Tensor& x, const at::Tensor& packed, int6
   // batch-invariant mode: there every row count takes the dot-product path (x rounded to bf16)
   const bool dp = level == tokenmill_isa::Level::kAvx512Bf16 && (M > 2 || tokenmill_isa::batch_invariant());
   // the dot-product path reads bf16 rows; the widening paths float32 rows
-  const at::Tensor xc = dp ? bf16_rows(x) : x.to(at::kFloat).contiguous();
+  const at::Tensor xc = path_rows(x, dp);
   const auto* pp = reinterpret_cast<const uint16_t*>(packed.data_ptr<at::BFloat16>());
   float* yp = y.data_ptr<float>();
   const int64_t panel_size = packed.size(1) * kBf16PanelPairStride;
   const int64_t kChunkRows = chunk_rows(K);
   // the two-panel kernels take adjacent panels two at a time (a 64-column block per pass over x);
   // batch-invariant mode keeps the one-panel kernels, one accumulation order for every row count
-  const int64_t span = pair_path(M) ? 2 : 1;
+  const int64_t span = pair_path(M) == PairPath::kDot ? 2 : 1;
   auto run = [&](int64_t begin, int64_t end, int64_t r0, int64_t r1) {
     for (int64_t c0 = r0; c0 < r1; c0 += kChunkRows) {
       const int64_t rows = std::min(kChunkRows, r1 - c0);
@@ -267,21 +267,26 @@ at::Tensor bf16_panel_linear(const at::Tensor& x, const at::Tensor& packed, int6
 // silu(x Wg) * (x Wu) from gate_up panels packed as [Wg; Wu] (gate panels first, `inter` columns
 // each, inter a multiple of 32): a gate panel and its up panel are multiplied together and silu(g) * u
 // leaves the registers, with no [M, 2 * inter] float32 intermediate and no silu_and_mul pass. On the
-// dot-product path (fused_path) the product leaves as bf16 rows, the input the down projection rounds
+// dot-product path (pair_path) the product leaves as bf16 rows, the input the down projection rounds
 // to anyway (no rounding pass either); on the widening path as float32 rows, the sums of the unfused
 // ops. Elsewhere the unfused ops, float32 out.
 at::Tensor bf16_swiglu(const at::Tensor& x, const at::Tensor& packed, int64_t inter) {
   TORCH_CHECK(inter > 0 && inter % kBf16PanelCols == 0 && packed.dim() == 4 &&
                   packed.size(0) == 2 * inter / kBf16PanelCols, "bf16_swiglu: packed must hold [2 * ", inter,
               ", K] with ", inter, " a multiple of ", kBf16PanelCols);
-  const Fused path = x.dim() == 2 ? fused_path(x.size(0)) : Fused::kNone;
-  if (path == Fused::kNone) return silu_and_mul(bf16_panel_linear(x, packed, 2 * inter, c10::nullopt));
+  const PairPath path = x.dim() == 2 ? pair_path(x.size(0)) : PairPath::kNone;
+  if (path == PairPath::kNone) return silu_and_mul(bf16_panel_linear(x, packed, 2 * inter, c10::nullopt));
   TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16, "x: [M, K] float32 or bfloat16");
   const int64_t M = x.size(0), K = x.size(1);
   check_packed(packed, 2 * inter, K);
-  const bool dot = path == Fused::kDot;
-  const at::Tensor xc = dot ? bf16_rows(x) : x.to(at::kFloat).contiguous();
+  const bool dot = path == PairPath::kDot;
+  const at::Tensor xc = path_rows(x, dot);
   auto y = new_tensor({M, inter}, x.options().dtype(dot ? at::kBFloat16 : at::kFloat));
+  // one of each pair is used: bf16 x and y on the dot-product path, float32 on the widening one
+  const auto* xb = dot ? reinterpret_cast<const uint16_t*>(xc.data_ptr<at::BFloat16>()) : nullptr;
+  auto* yb = dot ? reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>()) : nullptr;
+  const float* xf = dot ? nullptr : xc.data_ptr<float>();
+  float* yf = dot ? nullptr : y.data_ptr<float>();
   const auto* pp = reinterpret_cast<const uint16_t*>(packed.data_ptr<at::BFloat16>());
   const int64_t panel_size = packed.size(1) * kBf16PanelPairStride, pairs = inter / kBf16PanelCols;
   const int64_t kChunkRows = chunk_rows(K);
@@ -293,13 +298,9 @@ at::Tensor bf16_swiglu(const at::Tensor& x, const at::Tensor& packed, int64_t in
         const uint16_t* up = pp + (pairs + pi) * panel_size;
         const int64_t y0 = c0 * inter + pi * kBf16PanelCols;
         if (dot)
-          tm_avx512_bf16::bf16_swiglu_rows(reinterpret_cast<const uint16_t*>(xc.data_ptr<at::BFloat16>()) + c0 * K,
-                                           K, rows, K, gate, up,
-                                           reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>()) + y0, inter,
-                                           kBf16PanelCols);
+          tm_avx512_bf16::bf16_swiglu_rows(xb + c0 * K, K, rows, K, gate, up, yb + y0, inter, kBf16PanelCols);
         else
-          tm_avx512::bf16_swiglu_rows(xc.data_ptr<float>() + c0 * K, K, rows, K, gate, up, y.data_ptr<float>() + y0,
-                                      inter, kBf16PanelCols);
+          tm_avx512::bf16_swiglu_rows(xf + c0 * K, K, rows, K, gate, up, yf + y0, inter, kBf16PanelCols);
       }
     }
   });
@@ -307,19 +308,21 @@ at::Tensor bf16_swiglu(const at::Tensor& x, const at::Tensor& packed, int64_t in
 }
 
 // argmax over the first n_valid columns of x W^T (greedy sampling from the LM head), first index on
-// ties as torch.argmax. On the fused paths (fused_path) the logits never leave the registers: each
+// ties as torch.argmax. On the fused paths (pair_path) the logits never leave the registers: each
 // thread folds its 64-column blocks into per-row, per-lane bests (the same sums as bf16_panel_linear
 // for those rows, so the same values), merged at the end. Elsewhere bf16_panel_linear + argmax.
 at::Tensor bf16_argmax_linear(const at::Tensor& x, const at::Tensor& packed, int64_t N, int64_t n_valid) {
   TORCH_CHECK(n_valid > 0 && n_valid <= N, "n_valid must be in [1, N]");
-  const Fused path = x.dim() == 2 ? fused_path(x.size(0)) : Fused::kNone;
-  if (path == Fused::kNone) return bf16_panel_linear(x, packed, N, c10::nullopt).narrow(1, 0, n_valid).argmax(1);
+  const PairPath path = x.dim() == 2 ? pair_path(x.size(0)) : PairPath::kNone;
+  if (path == PairPath::kNone) return bf16_panel_linear(x, packed, N, c10::nullopt).narrow(1, 0, n_valid).argmax(1);
   TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16, "x: [M, K] float32 or bfloat16");
   const int64_t M = x.size(0), K = x.size(1);
   check_packed(packed, N, K);
   const int64_t panels = packed.size(0);
-  const bool dot = path == Fused::kDot;
-  const at::Tensor xc = dot ? bf16_rows(x) : x.to(at::kFloat).contiguous();
+  const bool dot = path == PairPath::kDot;
+  const at::Tensor xc = path_rows(x, dot);
+  const auto* xb = dot ? reinterpret_cast<const uint16_t*>(xc.data_ptr<at::BFloat16>()) : nullptr;
+  const float* xf = dot ? nullptr : xc.data_ptr<float>();
   const auto* pp = reinterpret_cast<const uint16_t*>(packed.data_ptr<at::BFloat16>());
   const int64_t panel_size = packed.size(1) * kBf16PanelPairStride, kChunkRows = chunk_rows(K);
   std::vector<float> best_v(M, -std::numeric_limits<float>::infinity());
@@ -334,13 +337,12 @@ at::Tensor bf16_argmax_linear(const at::Tensor& x, const at::Tensor& packed, int
         const uint16_t* p0 = pp + 2 * u * panel_size;
         // an odd last panel pairs with itself: its second copy's columns are past N, never valid
         const uint16_t* p1 = 2 * u + 1 < panels ? p0 + panel_size : p0;
+        const int64_t n0 = 2 * u * kBf16PanelCols;
         if (dot)
-          tm_avx512_bf16::bf16_panel_pair_argmax_rows(
-              reinterpret_cast<const uint16_t*>(xc.data_ptr<at::BFloat16>()) + c0 * K, K, rows, K, p0, p1,
-              2 * u * kBf16PanelCols, n_valid, lv.data() + 16 * c0, li.data() + 16 * c0);
+          tm_avx512_bf16::bf16_panel_pair_argmax_rows(xb + c0 * K, K, rows, K, p0, p1, n0, n_valid,
+                                                      lv.data() + 16 * c0, li.data() + 16 * c0);
         else
-          tm_avx512::bf16_panel_pair_argmax_rows(xc.data_ptr<float>() + c0 * K, K, rows, K, p0, p1,
-                                                 2 * u * kBf16PanelCols, n_valid, lv.data() + 16 * c0,
+          tm_avx512::bf16_panel_pair_argmax_rows(xf + c0 * K, K, rows, K, p0, p1, n0, n_valid, lv.data() + 16 * c0,
                                                  li.data() + 16 * c0);
       }
     }

@@ -78,8 +78,7 @@ void bf16_dp_kernel(const uint16_t* x, int64_t lda, int64_t K, const uint16_t* p
       c0[0][r] = _mm512_add_ps(c0[0][r], c0[s][r]);
       c1[0][r] = _mm512_add_ps(c1[0][r], c1[s][r]);
     }
-    store16<ACC>(y + r * ldy, bias, c0[0][r], ncols);
-    store16<ACC>(y + r * ldy + 16, bias ? bias + 16 : nullptr, c1[0][r], ncols - 16);
+    store32<ACC>(y + r * ldy, bias, c0[0][r], c1[0][r], ncols);
   }
 }
 
@@ -116,10 +115,7 @@ void bf16_widen_kernel(const float* x, int64_t lda, int64_t K, const uint16_t* p
     }
   }
 #pragma GCC unroll 16
-  for (int r = 0; r < MR; ++r) {
-    store16(y + r * ldy, bias, c0[r], ncols);
-    store16(y + r * ldy + 16, bias ? bias + 16 : nullptr, c1[r], ncols - 16);
-  }
+  for (int r = 0; r < MR; ++r) store32(y + r * ldy, bias, c0[r], c1[r], ncols);
 }
 
 // float32 panels P[K][16]: one zmm of weights per k (ACC: add into y, for attention's O += P V)
@@ -174,10 +170,7 @@ void f32_pair_kernel(const float* x, int64_t lda, int64_t K, const float* p0, co
     }
   }
 #pragma GCC unroll 16
-  for (int r = 0; r < MR; ++r) {
-    store16(y + r * ldy, bias, c0[r], ncols);
-    store16(y + r * ldy + 16, bias ? bias + 16 : nullptr, c1[r], ncols - 16);
-  }
+  for (int r = 0; r < MR; ++r) store32(y + r * ldy, bias, c0[r], c1[r], ncols);
 }
 
 using F32PairFn = void (*)(const float*, int64_t, int64_t, const float*, const float*, const float*, float*, int64_t,

@@ -22,6 +22,13 @@ inline void store16(float* y, const float* bias, __m512 acc, int64_t ncols) {
   _mm512_mask_storeu_ps(y, m, acc);
 }
 
+// y row (32 columns at most) = [lo | hi] + bias: a 32-column block's two accumulators
+template <bool ACC = false>
+inline void store32(float* y, const float* bias, __m512 lo, __m512 hi, int64_t ncols) {
+  store16<ACC>(y, bias, lo, ncols);
+  store16<ACC>(y + 16, bias ? bias + 16 : nullptr, hi, ncols - 16);
+}
+
 inline __m512i bcast_pair(const uint16_t* p) {
   int32_t v;
   std::memcpy(&v, p, sizeof(v));
