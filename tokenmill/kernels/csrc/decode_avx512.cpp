@@ -10,8 +10,11 @@
 // - scores come 16 tokens at a time: one zmm of partial sums per (token, query head), then one
 //   transpose-reduce turns 16 of them into 16 scores (45 shuffles and adds instead of 16 x 8);
 // - both passes walk tiles of 16 tokens with the KV heads inside, so a tile's rows (all heads
-//   contiguous) are read from memory once, while the rows two tiles ahead are prefetched into L2
-//   (written as two calls per tile: one helper looping over the same rows measured 1.3x slower).
+//   contiguous) are read from memory once; while a tile's head h is worked on, the same head's pieces
+//   of the rows two tiles ahead are prefetched into L2, one or two rows per token processed. Spread
+//   out like this, not as a burst of a whole tile's rows at the tile's start (96 prefetches for 9/3
+//   heads, D 64, bf16), the kernel read its K/V from DRAM 1.27x faster on an Emerald Rapids VM and ran
+//   1.15x faster in cache (docs/BENCHMARKS.md, machine D, session 30).
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
@@ -87,6 +90,15 @@ inline float softmax_numerators(float* s, int64_t n) {
   return 1.f / _mm512_reduce_add_ps(sum);
 }
 
+// One KV head's piece of a cache row (D values) into L2.
+template <int64_t D, typename T>
+inline void prefetch_piece(const T* p) {
+  const char* c = reinterpret_cast<const char*>(p);
+#pragma GCC unroll 8
+  for (int64_t off = 0; off < D * int64_t(sizeof(T)); off += 64) _mm_prefetch(c + off, _MM_HINT_T1);
+}
+
+// Whole rows (all heads) of n tokens into L2: a sequence's first two tiles.
 template <typename T>
 inline void prefetch_rows(const T* base, const int64_t* slots, int64_t n, int64_t row_elems) {
   const int64_t bytes = row_elems * int64_t(sizeof(T));
@@ -99,9 +111,10 @@ inline void prefetch_rows(const T* base, const int64_t* slots, int64_t n, int64_
 // Raw scores of one tile (n <= 16 tokens) against KV head h for its G query heads: qp is the heads'
 // permuted, pre-scaled q ([G][2 ND][16]), held in registers over the tile; tokens go in pairs, whose
 // partial sums are folded before they are stored; s[g * ld + i] receives token i's score of head g.
+// ahead[0:n_ahead]: the slots of a later tile, whose head-h pieces are prefetched on the way.
 template <int G, int ND, typename T>
 inline void score_tile(const float* qp, const T* k, const int64_t* slots, int64_t n, int64_t Hkv, int64_t h,
-                       float* s, int64_t ld, float* buf) {
+                       float* s, int64_t ld, float* buf, const int64_t* ahead, int64_t n_ahead) {
   constexpr int64_t D = 32 * ND;
   __m512 qv[G * 2 * ND];
 #pragma GCC unroll 16
@@ -109,6 +122,8 @@ inline void score_tile(const float* qp, const T* k, const int64_t* slots, int64_
   for (int64_t i = 0; i < n; i += 2) {
     const T* r0 = k + (slots[i] * Hkv + h) * D;
     const T* r1 = i + 1 < n ? k + (slots[i + 1] * Hkv + h) * D : r0;  // a lone last token: lanes unused
+    if (i < n_ahead) prefetch_piece<D>(k + (ahead[i] * Hkv + h) * D);
+    if (i + 1 < n_ahead) prefetch_piece<D>(k + (ahead[i + 1] * Hkv + h) * D);
     __m512 x0[2 * ND], x1[2 * ND];
 #pragma GCC unroll 4
     for (int j = 0; j < ND; ++j) {
@@ -132,16 +147,18 @@ inline void score_tile(const float* qp, const T* k, const int64_t* slots, int64_
   for (int g = 0; g < G; ++g) _mm512_mask_storeu_ps(s + g * ld, m, reduce_folded(buf + g * TB * 8));
 }
 
-// o[g] += sum over the tile's tokens i of p[g * ld + i] * v_i (rows of KV head h), o permuted as qp.
+// o[g] += sum over the tile's tokens i of p[g * ld + i] * v_i (rows of KV head h), o permuted as qp;
+// prefetches as score_tile.
 template <int G, int ND, typename T>
 inline void value_tile(const float* p, int64_t ld, const T* v, const int64_t* slots, int64_t n, int64_t Hkv,
-                       int64_t h, float* o) {
+                       int64_t h, float* o, const int64_t* ahead, int64_t n_ahead) {
   constexpr int64_t D = 32 * ND;
   __m512 acc[G * 2 * ND];
 #pragma GCC unroll 16
   for (int u = 0; u < G * 2 * ND; ++u) acc[u] = _mm512_loadu_ps(o + 16 * u);
   for (int64_t i = 0; i < n; ++i) {
     const T* row = v + (slots[i] * Hkv + h) * D;
+    if (i < n_ahead) prefetch_piece<D>(v + (ahead[i] * Hkv + h) * D);
     __m512 x[2 * ND];
 #pragma GCC unroll 4
     for (int j = 0; j < ND; ++j) load32(row + 32 * j, x[2 * j], x[2 * j + 1]);
@@ -175,19 +192,21 @@ void decode_seq(const float* q, const T* k, const T* v, const int64_t* slots, in
   std::fill(o, o + nh * per_head, 0.f);
   for (int64_t t0 = 0; t0 < len; t0 += TB) {
     const int64_t n = std::min(TB, len - t0);
-    if (t0 == 0) prefetch_rows(k, slots + n, std::min(TB, len - n), row);
-    { const int64_t a = std::min(len, t0 + 2 * TB); prefetch_rows(k, slots + a, std::min(TB, len - a), row); }
+    if (t0 == 0) prefetch_rows(k, slots, std::min(2 * TB, len), row);
+    const int64_t a = std::min(len, t0 + 2 * TB), na = std::min(TB, len - a);
     for (int64_t h = h0; h < h1; ++h)
-      score_tile<G, ND>(qp + (h - h0) * per_head, k, slots + t0, n, Hkv, h, s + (h - h0) * G * len + t0, len, buf);
+      score_tile<G, ND>(qp + (h - h0) * per_head, k, slots + t0, n, Hkv, h, s + (h - h0) * G * len + t0, len, buf,
+                        slots + a, na);
   }
   float inv[8 * 128];  // 1 / softmax denominators, one per query head (G <= 8, Hkv <= 128 on this path)
   for (int64_t r = 0; r < nh * G; ++r) inv[r] = softmax_numerators(s + r * len, len);
   for (int64_t t0 = 0; t0 < len; t0 += TB) {
     const int64_t n = std::min(TB, len - t0);
-    if (t0 == 0) prefetch_rows(v, slots + n, std::min(TB, len - n), row);
-    { const int64_t a = std::min(len, t0 + 2 * TB); prefetch_rows(v, slots + a, std::min(TB, len - a), row); }
+    if (t0 == 0) prefetch_rows(v, slots, std::min(2 * TB, len), row);
+    const int64_t a = std::min(len, t0 + 2 * TB), na = std::min(TB, len - a);
     for (int64_t h = h0; h < h1; ++h)
-      value_tile<G, ND>(s + (h - h0) * G * len + t0, len, v, slots + t0, n, Hkv, h, o + (h - h0) * per_head);
+      value_tile<G, ND>(s + (h - h0) * G * len + t0, len, v, slots + t0, n, Hkv, h, o + (h - h0) * per_head,
+                        slots + a, na);
   }
   for (int64_t r = 0; r < nh * G; ++r) {
     float* outr = out + (h0 * G + r) * D;

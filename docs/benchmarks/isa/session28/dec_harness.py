@@ -32,7 +32,7 @@ std::vector<double> run(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch
 }
 '''
 def timed_copy() -> str:
-    s = open(os.path.join(CS, "decode_avx512.cpp")).read()
+    s = open(os.environ.get("SRC") or os.path.join(CS, "decode_avx512.cpp")).read()  # SRC: a variant file (session 30)
     edits = [('#include "decode_isa.h"', '#include "decode_isa.h"\n#include <x86intrin.h>\nnamespace tm_probe { inline int VARIANT = 0; '
               'inline thread_local uint64_t tk = 0, ts = 0, tv = 0; }'),
              ('  std::fill(o, o + nh * per_head, 0.f);\n', '  std::fill(o, o + nh * per_head, 0.f);\n  uint64_t c0 = __rdtsc();\n'),
@@ -46,6 +46,8 @@ def timed_copy() -> str:
                    f"const int64_t a = std::min(len, t0 + {ahead} * TB); prefetch_rows(k,"),
                   ("const int64_t a = std::min(len, t0 + 2 * TB); prefetch_rows(v,",
                    f"const int64_t a = std::min(len, t0 + {ahead} * TB); prefetch_rows(v,")]
+    if os.environ.get("NOPF"):  # no software prefetch at all (session 30)
+        edits.append(("  const int64_t bytes = row_elems * int64_t(sizeof(T));\n", "  return;\n  const int64_t bytes = row_elems * int64_t(sizeof(T));\n"))
     for old, new in edits:
         assert s.count(old) == 1, f"decode_avx512.cpp changed: {old!r}"
         s = s.replace(old, new)
