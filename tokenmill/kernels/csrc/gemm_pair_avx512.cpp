@@ -80,7 +80,9 @@ constexpr int dp2_sets(int mr) { return mr == 1 ? 2 : 1; }
 template <int MR>
 __attribute__((always_inline)) inline void widen2_accumulate(const float* x, int64_t lda, int64_t K,
                                                              const uint16_t* p0, const uint16_t* p1,
-                                                             __m512 (&acc)[MR][4]) {
+                                                             __m512 (&acc)[MR][4], const char* ahead = nullptr,
+                                                             int64_t ahead_lines = 0) {
+  // ahead[0 : 64 ahead_lines]: bytes to bring into L2 on the way, a line per k pair (argmax_rows)
 #pragma GCC unroll 16
   for (int r = 0; r < MR; ++r)
     for (int j = 0; j < 4; ++j) acc[r][j] = _mm512_setzero_ps();
@@ -91,6 +93,7 @@ __attribute__((always_inline)) inline void widen2_accumulate(const float* x, int
                               p1 + kk * kBf16PanelPairStride, p1 + kk * kBf16PanelPairStride + 32};
 #pragma GCC unroll 4
     for (int j = 0; j < 4; j += 2) _mm_prefetch(reinterpret_cast<const char*>(src[j]) + 1024, _MM_HINT_T0);
+    if (kk < ahead_lines) _mm_prefetch(ahead + 64 * kk, _MM_HINT_T1);
     __m512 w[4];
 #pragma GCC unroll 4
     for (int j = 0; j < 4; ++j) w[j] = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_loadu_si512(src[j]), 16));
@@ -221,9 +224,12 @@ void swiglu_groups_kernel(const float* x, int64_t lda, int64_t K, const uint16_t
 // first column of its maximum. Columns at or past n_valid are skipped.
 template <int MR, typename X>
 void argmax_kernel(const X* x, int64_t lda, int64_t K, const uint16_t* p0, const uint16_t* p1, int64_t n0,
-                   int64_t n_valid, float* best_v, int32_t* best_i) {
+                   int64_t n_valid, float* best_v, int32_t* best_i, const char* ahead, int64_t ahead_lines) {
   __m512 acc[MR][4];
-  accumulate2<MR>(x, lda, K, p0, p1, acc);
+  if constexpr (std::is_same_v<X, float>)
+    widen2_accumulate<MR>(x, lda, K, p0, p1, acc, ahead, ahead_lines);
+  else
+    accumulate2<MR>(x, lda, K, p0, p1, acc);
   const __m512i lanes = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
 #pragma GCC unroll 4
   for (int j = 0; j < 4; ++j) {
@@ -247,7 +253,7 @@ constexpr SwigluFn<X, Y> kSwiglu[] = {nullptr, swiglu_kernel<1, X, Y>, swiglu_ke
                                       swiglu_kernel<4, X, Y>, swiglu_kernel<5, X, Y>, swiglu_kernel<6, X, Y>};
 template <typename X>
 using ArgmaxFn = void (*)(const X*, int64_t, int64_t, const uint16_t*, const uint16_t*, int64_t, int64_t, float*,
-                          int32_t*);
+                          int32_t*, const char*, int64_t);
 template <typename X>
 constexpr ArgmaxFn<X> kArgmax[] = {nullptr, argmax_kernel<1, X>, argmax_kernel<2, X>, argmax_kernel<3, X>,
                                    argmax_kernel<4, X>, argmax_kernel<5, X>, argmax_kernel<6, X>};
@@ -255,8 +261,19 @@ constexpr ArgmaxFn<X> kArgmax[] = {nullptr, argmax_kernel<1, X>, argmax_kernel<2
 template <typename X>
 void argmax_rows(const X* x, int64_t lda, int64_t M, int64_t K, const uint16_t* panel0, const uint16_t* panel1,
                  int64_t n0, int64_t n_valid, float* best_v, int32_t* best_i) {
+  // Widening: the LM head's weights (56 MB for the default model) come from DRAM, and the first row
+  // block of a pair waited on them. The next pair (contiguous after this one: the thread's next unit;
+  // past the tensor's end after its last, which prefetch ignores) goes into L2 meanwhile, a line per
+  // k pair of this pair's first row blocks (all of it from 4 blocks, 19 rows, on). The head alone on
+  // machine D: 1.06-1.12x at 16 rows, unchanged at 52-512 (docs/BENCHMARKS.md, session 30).
+  const int64_t pairs = (K + 1) / 2, lines = 4 * pairs;
+  const char* next = reinterpret_cast<const char*>(panel1 + pairs * kBf16PanelPairStride);
+  int64_t done = 0;
   for_row_blocks<6>(M, [&](int64_t r0, int64_t rows) {
-    kArgmax<X>[rows](x + r0 * lda, lda, K, panel0, panel1, n0, n_valid, best_v + 16 * r0, best_i + 16 * r0);
+    const int64_t n = std::is_same_v<X, float> ? std::min(pairs, lines - done) : 0;
+    kArgmax<X>[rows](x + r0 * lda, lda, K, panel0, panel1, n0, n_valid, best_v + 16 * r0, best_i + 16 * r0,
+                     next + 64 * done, n);
+    done += n;
   });
 }
 using SwigluGroupsFn = void (*)(const float*, int64_t, int64_t, const uint16_t*, const uint16_t*, float*, int64_t,
