@@ -4,7 +4,8 @@ bf16, 9 heads / 3 KV heads / D 64, 2 threads: GB/s of K/V read, and the K pass /
 L=30 layers' caches: read from DRAM; L=1 with B=24 (7 MB): from cache. Variant 1 prefetches the V
 pass's first two tiles before the softmax. Outputs are checked equal across variants.
     python docs/benchmarks/isa/session28/dec_harness.py   (env B, L, VARIANTS=0,1; AHEAD=n prefetches n tiles
-    ahead instead of 2, session 29; give each build its own TAG)"""
+    ahead instead of 2, session 29; NOPF=1 none at all, SRC=file a variant of the kernel, session 30;
+    give each build its own TAG)"""
 import os, sys, tempfile, time, torch
 from torch.utils.cpp_extension import load_inline
 CS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "../../../../tokenmill/kernels/csrc")
@@ -41,13 +42,12 @@ def timed_copy() -> str:
              ('  for (int64_t r = 0; r < nh * G; ++r) {\n    float* outr', '  uint64_t c3 = __rdtsc(); tm_probe::tk += c1 - c0; tm_probe::ts += c2 - c1; tm_probe::tv += c3 - c2;\n'
               '  for (int64_t r = 0; r < nh * G; ++r) {\n    float* outr')]
     ahead = int(os.environ.get("AHEAD", 2))  # tiles prefetched ahead (session 29; the kernel's is 2)
-    if ahead != 2:
-        edits += [("const int64_t a = std::min(len, t0 + 2 * TB); prefetch_rows(k,",
-                   f"const int64_t a = std::min(len, t0 + {ahead} * TB); prefetch_rows(k,"),
-                  ("const int64_t a = std::min(len, t0 + 2 * TB); prefetch_rows(v,",
-                   f"const int64_t a = std::min(len, t0 + {ahead} * TB); prefetch_rows(v,")]
+    if ahead != 2:  # both passes' lines read alike since session 30's spread prefetch
+        assert s.count("t0 + 2 * TB), na") == 2, "decode_avx512.cpp changed"
+        s = s.replace("t0 + 2 * TB), na", f"t0 + {ahead} * TB), na").replace("std::min(2 * TB, len)", f"std::min({ahead} * TB, len)")
     if os.environ.get("NOPF"):  # no software prefetch at all (session 30)
         edits.append(("  const int64_t bytes = row_elems * int64_t(sizeof(T));\n", "  return;\n  const int64_t bytes = row_elems * int64_t(sizeof(T));\n"))
+        edits.append(("  const char* c = reinterpret_cast<const char*>(p);\n#pragma GCC unroll 8", "  return;\n  const char* c = reinterpret_cast<const char*>(p);\n#pragma GCC unroll 8"))
     for old, new in edits:
         assert s.count(old) == 1, f"decode_avx512.cpp changed: {old!r}"
         s = s.replace(old, new)
