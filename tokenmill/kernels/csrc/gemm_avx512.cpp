@@ -82,40 +82,16 @@ void bf16_dp_kernel(const uint16_t* x, int64_t lda, int64_t K, const uint16_t* p
   }
 }
 
-// bf16 weights widened to f32 in registers (AVX-512F without BF16): lane j of a pair row holds
-// (w[k][j], w[k+1][j]); shifting left by 16 gives w[k] and masking the low half gives w[k+1].
-// Up to 12 rows (24 accumulators + 4 widened vectors + a broadcast): the 4 widening ops of a k pair
-// are shared by more FMAs than at 8 (W1 1.01-1.02x on machine D, docs/BENCHMARKS.md session 29).
+// One panel's 32 columns from float32 x, the weights widened (widen_groups_accumulate), up to 12 rows:
+// the 4 widening ops of a k pair are shared by more FMAs than at 8 (W1 1.01-1.02x on machine D,
+// docs/BENCHMARKS.md session 29).
 template <int MR>
 void bf16_widen_kernel(const float* x, int64_t lda, int64_t K, const uint16_t* p, const float* bias, float* y,
                        int64_t ldy, int64_t ncols) {
-  __m512 c0[MR], c1[MR];
+  __m512 acc[MR][2];
+  widen_groups_accumulate<MR>(x, lda, K, p, p + 32, acc);
 #pragma GCC unroll 16
-  for (int r = 0; r < MR; ++r) c0[r] = c1[r] = _mm512_setzero_ps();
-  const __m512i hi = _mm512_set1_epi32(static_cast<int32_t>(0xFFFF0000u));
-  const int64_t pairs = (K + 1) / 2;
-  for (int64_t kk = 0; kk < pairs; ++kk) {
-    const uint16_t* pk = p + kk * kBf16PanelPairStride;
-    _mm_prefetch(reinterpret_cast<const char*>(pk) + 1024, _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(pk) + 1088, _MM_HINT_T0);
-    const __m512i v0 = _mm512_loadu_si512(pk), v1 = _mm512_loadu_si512(pk + 32);
-    const __m512 e0 = _mm512_castsi512_ps(_mm512_slli_epi32(v0, 16)), o0 = _mm512_castsi512_ps(_mm512_and_si512(v0, hi));
-    const __m512 e1 = _mm512_castsi512_ps(_mm512_slli_epi32(v1, 16)), o1 = _mm512_castsi512_ps(_mm512_and_si512(v1, hi));
-    const bool odd = 2 * kk + 1 < K;
-#pragma GCC unroll 16
-    for (int r = 0; r < MR; ++r) {
-      const __m512 a = _mm512_set1_ps(x[r * lda + 2 * kk]);
-      c0[r] = _mm512_fmadd_ps(a, e0, c0[r]);
-      c1[r] = _mm512_fmadd_ps(a, e1, c1[r]);
-      if (odd) {
-        const __m512 a2 = _mm512_set1_ps(x[r * lda + 2 * kk + 1]);
-        c0[r] = _mm512_fmadd_ps(a2, o0, c0[r]);
-        c1[r] = _mm512_fmadd_ps(a2, o1, c1[r]);
-      }
-    }
-  }
-#pragma GCC unroll 16
-  for (int r = 0; r < MR; ++r) store32(y + r * ldy, bias, c0[r], c1[r], ncols);
+  for (int r = 0; r < MR; ++r) store32(y + r * ldy, bias, acc[r][0], acc[r][1], ncols);
 }
 
 // float32 panels P[K][16]: one zmm of weights per k (ACC: add into y, for attention's O += P V)

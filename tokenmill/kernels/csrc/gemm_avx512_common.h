@@ -51,4 +51,42 @@ inline void for_row_blocks(int64_t M, Fn&& fn) {
   }
 }
 
+// bf16 weights widened to float32 in registers (AVX-512F without BF16): lane j of a pair row holds
+// (w[k][j], w[k+1][j]); shifting left by 16 gives w[k] and masking the low half gives w[k+1]. From
+// float32 x, an MR x 32 block of two 16-column groups a and b (each a pointer into a 32-column
+// panel's pair rows, whose second group is at +32), MR <= 12 (24 accumulators + 4 widened vectors + a
+// broadcast): per k pair 2 loads and 4 widening ops feed 4 MR FMAs, the even k, then the odd k, into
+// one accumulator. bf16_widen_kernel takes one panel's two groups; SwiGLU (gemm_pair_avx512.cpp) a
+// gate and an up group. acc[r][0] = group a, acc[r][1] = group b.
+template <int MR>
+__attribute__((always_inline)) inline void widen_groups_accumulate(const float* x, int64_t lda, int64_t K,
+                                                                   const uint16_t* a, const uint16_t* b,
+                                                                   __m512 (&acc)[MR][2]) {
+#pragma GCC unroll 16
+  for (int r = 0; r < MR; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+  const __m512i hi = _mm512_set1_epi32(static_cast<int32_t>(0xFFFF0000u));
+  const int64_t pairs = (K + 1) / 2;
+  for (int64_t kk = 0; kk < pairs; ++kk) {
+    const uint16_t* pa = a + kk * kBf16PanelPairStride;
+    const uint16_t* pb = b + kk * kBf16PanelPairStride;
+    _mm_prefetch(reinterpret_cast<const char*>(pa) + 1024, _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(pb) + 1024, _MM_HINT_T0);
+    const __m512i va = _mm512_loadu_si512(pa), vb = _mm512_loadu_si512(pb);
+    const __m512 ea = _mm512_castsi512_ps(_mm512_slli_epi32(va, 16)), oa = _mm512_castsi512_ps(_mm512_and_si512(va, hi));
+    const __m512 eb = _mm512_castsi512_ps(_mm512_slli_epi32(vb, 16)), ob = _mm512_castsi512_ps(_mm512_and_si512(vb, hi));
+    const bool odd = 2 * kk + 1 < K;
+#pragma GCC unroll 16
+    for (int r = 0; r < MR; ++r) {
+      const __m512 x0 = _mm512_set1_ps(x[r * lda + 2 * kk]);
+      acc[r][0] = _mm512_fmadd_ps(x0, ea, acc[r][0]);
+      acc[r][1] = _mm512_fmadd_ps(x0, eb, acc[r][1]);
+      if (odd) {
+        const __m512 x1 = _mm512_set1_ps(x[r * lda + 2 * kk + 1]);
+        acc[r][0] = _mm512_fmadd_ps(x1, oa, acc[r][0]);
+        acc[r][1] = _mm512_fmadd_ps(x1, ob, acc[r][1]);
+      }
+    }
+  }
+}
+
 }  // namespace tm_avx512_detail

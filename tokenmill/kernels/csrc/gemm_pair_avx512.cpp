@@ -116,42 +116,6 @@ __attribute__((always_inline)) inline void widen2_accumulate(const float* x, int
   }
 }
 
-// From float32 x and widened weights as above, an MR x 32 block of two 16-column groups a and b (each
-// a pointer into a 32-column panel's pair rows; its second group is at +32), MR <= 12: per k pair 2
-// loads and 4 widening ops feed 4 MR FMAs, bf16_widen_kernel's block shape (widen2_accumulate's 6 x 64
-// needs 8 per 48), in the same order. Latency-bound below 7 rows (2 accumulators a row against 4):
-// SwiGLU takes it from 7 rows (swiglu_rows). acc[r][0] = group a, acc[r][1] = group b.
-template <int MR>
-__attribute__((always_inline)) inline void widen_groups_accumulate(const float* x, int64_t lda, int64_t K,
-                                                                   const uint16_t* a, const uint16_t* b,
-                                                                   __m512 (&acc)[MR][2]) {
-#pragma GCC unroll 16
-  for (int r = 0; r < MR; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
-  const __m512i hi = _mm512_set1_epi32(static_cast<int32_t>(0xFFFF0000u));
-  const int64_t pairs = (K + 1) / 2;
-  for (int64_t kk = 0; kk < pairs; ++kk) {
-    const uint16_t* pa = a + kk * kBf16PanelPairStride;
-    const uint16_t* pb = b + kk * kBf16PanelPairStride;
-    _mm_prefetch(reinterpret_cast<const char*>(pa) + 1024, _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(pb) + 1024, _MM_HINT_T0);
-    const __m512i va = _mm512_loadu_si512(pa), vb = _mm512_loadu_si512(pb);
-    const __m512 ea = _mm512_castsi512_ps(_mm512_slli_epi32(va, 16)), oa = _mm512_castsi512_ps(_mm512_and_si512(va, hi));
-    const __m512 eb = _mm512_castsi512_ps(_mm512_slli_epi32(vb, 16)), ob = _mm512_castsi512_ps(_mm512_and_si512(vb, hi));
-    const bool odd = 2 * kk + 1 < K;
-#pragma GCC unroll 16
-    for (int r = 0; r < MR; ++r) {
-      const __m512 x0 = _mm512_set1_ps(x[r * lda + 2 * kk]);
-      acc[r][0] = _mm512_fmadd_ps(x0, ea, acc[r][0]);
-      acc[r][1] = _mm512_fmadd_ps(x0, eb, acc[r][1]);
-      if (odd) {
-        const __m512 x1 = _mm512_set1_ps(x[r * lda + 2 * kk + 1]);
-        acc[r][0] = _mm512_fmadd_ps(x1, oa, acc[r][0]);
-        acc[r][1] = _mm512_fmadd_ps(x1, ob, acc[r][1]);
-      }
-    }
-  }
-}
-
 // x in bf16 bits: the dot-product block; float32 x: the widened one
 template <int MR, typename X>
 __attribute__((always_inline)) inline void accumulate2(const X* x, int64_t lda, int64_t K, const uint16_t* p0,
@@ -177,18 +141,21 @@ void bf16_dp2_kernel(const uint16_t* x, int64_t lda, int64_t K, const uint16_t* 
 // SwiGLU: y[MR, ncols <= 32] = silu(x . pg) * (x . pu); silu as silu_and_mul computes it (g / (1 +
 // exp(-g)), the same exp polynomial). From bf16 x, y in bf16 (for the down projection's dot-product
 // path, which rounds its input to bf16 anyway); from float32 x, float32 y (the widening path's input).
+// silu(g) * u, lane by lane
+inline __m512 silu_times(__m512 g, __m512 u) {
+  const __m512 den = _mm512_add_ps(_mm512_set1_ps(1.f), tm_avx512_math::exp512(_mm512_sub_ps(_mm512_setzero_ps(), g)));
+  return _mm512_mul_ps(_mm512_div_ps(g, den), u);
+}
+
 template <int MR, typename X, typename Y>
 void swiglu_kernel(const X* x, int64_t lda, int64_t K, const uint16_t* pg, const uint16_t* pu, Y* y, int64_t ldy,
                    int64_t ncols) {
   __m512 acc[MR][4];
   accumulate2<MR>(x, lda, K, pg, pu, acc);
-  const __m512 zero = _mm512_setzero_ps(), one = _mm512_set1_ps(1.f);
 #pragma GCC unroll 8
   for (int r = 0; r < MR; ++r)
     for (int j = 0; j < 2; ++j) {
-      const __m512 g = acc[r][j], u = acc[r][j + 2];
-      const __m512 den = _mm512_add_ps(one, tm_avx512_math::exp512(_mm512_sub_ps(zero, g)));
-      const __m512 out = _mm512_mul_ps(_mm512_div_ps(g, den), u);
+      const __m512 out = silu_times(acc[r][j], acc[r][j + 2]);
       const __mmask16 m = cols_mask(ncols - 16 * j);
       if constexpr (std::is_same_v<Y, float>) {
         _mm512_mask_storeu_ps(y + r * ldy + 16 * j, m, out);
@@ -204,17 +171,12 @@ void swiglu_kernel(const X* x, int64_t lda, int64_t K, const uint16_t* pg, const
 template <int MR>
 void swiglu_groups_kernel(const float* x, int64_t lda, int64_t K, const uint16_t* pg, const uint16_t* pu, float* y,
                           int64_t ldy, int64_t ncols) {
-  const __m512 zero = _mm512_setzero_ps(), one = _mm512_set1_ps(1.f);
   for (int j = 0; j < 2 && 16 * j < ncols; ++j) {
     __m512 acc[MR][2];
     widen_groups_accumulate<MR>(x, lda, K, pg + 32 * j, pu + 32 * j, acc);
     const __mmask16 m = cols_mask(ncols - 16 * j);
 #pragma GCC unroll 12
-    for (int r = 0; r < MR; ++r) {
-      const __m512 g = acc[r][0], u = acc[r][1];
-      const __m512 den = _mm512_add_ps(one, tm_avx512_math::exp512(_mm512_sub_ps(zero, g)));
-      _mm512_mask_storeu_ps(y + r * ldy + 16 * j, m, _mm512_mul_ps(_mm512_div_ps(g, den), u));
-    }
+    for (int r = 0; r < MR; ++r) _mm512_mask_storeu_ps(y + r * ldy + 16 * j, m, silu_times(acc[r][0], acc[r][1]));
   }
 }
 
@@ -283,7 +245,7 @@ constexpr SwigluGroupsFn kSwigluGroups[] = {
     swiglu_groups_kernel<5>, swiglu_groups_kernel<6>, swiglu_groups_kernel<7>, swiglu_groups_kernel<8>,
     swiglu_groups_kernel<9>, swiglu_groups_kernel<10>, swiglu_groups_kernel<11>, swiglu_groups_kernel<12>};
 
-// From float32 x, 7 rows or more go through the 12-row group kernel (W1 1.02x on machine D, session 30);
+// From float32 x, 7 rows or more go through the 12-row group kernel (W1 1.03x on machine D, session 30);
 // fewer, where it would wait on its FMAs' latency, through the 6 x 64 one.
 template <typename X, typename Y>
 void swiglu_rows(const X* x, int64_t lda, int64_t M, int64_t K, const uint16_t* gate_panel, const uint16_t* up_panel,
