@@ -127,8 +127,8 @@ void f32_kernel(const float* x, int64_t lda, int64_t K, const float* p, const fl
 // float32 panels two at a time: an MR x 32 block (p0's 16 columns, then p1's) in two accumulators per
 // row, MR <= 12 (24 zmm), one set over k in order. Each broadcast of x feeds two FMAs instead of one:
 // with two 512-bit FMA ports the single-panel kernel issues a broadcast load per FMA and waits on the
-// load ports (docs/BENCHMARKS.md, session 29).
-template <int MR>
+// load ports (docs/BENCHMARKS.md, session 29). ACC: y += the block (prefill attention's O += P V).
+template <int MR, bool ACC = false>
 void f32_pair_kernel(const float* x, int64_t lda, int64_t K, const float* p0, const float* p1, const float* bias,
                      float* y, int64_t ldy, int64_t ncols) {
   __m512 c0[MR], c1[MR];
@@ -146,15 +146,17 @@ void f32_pair_kernel(const float* x, int64_t lda, int64_t K, const float* p0, co
     }
   }
 #pragma GCC unroll 16
-  for (int r = 0; r < MR; ++r) store32(y + r * ldy, bias, c0[r], c1[r], ncols);
+  for (int r = 0; r < MR; ++r) store32<ACC>(y + r * ldy, bias, c0[r], c1[r], ncols);
 }
 
 using F32PairFn = void (*)(const float*, int64_t, int64_t, const float*, const float*, const float*, float*, int64_t,
                            int64_t);
-constexpr F32PairFn kF32Pair[] = {nullptr, f32_pair_kernel<1>, f32_pair_kernel<2>, f32_pair_kernel<3>,
-                                  f32_pair_kernel<4>, f32_pair_kernel<5>, f32_pair_kernel<6>, f32_pair_kernel<7>,
-                                  f32_pair_kernel<8>, f32_pair_kernel<9>, f32_pair_kernel<10>, f32_pair_kernel<11>,
-                                  f32_pair_kernel<12>};
+template <bool ACC>
+constexpr F32PairFn kF32Pair[] = {nullptr,
+                                  f32_pair_kernel<1, ACC>,  f32_pair_kernel<2, ACC>,  f32_pair_kernel<3, ACC>,
+                                  f32_pair_kernel<4, ACC>,  f32_pair_kernel<5, ACC>,  f32_pair_kernel<6, ACC>,
+                                  f32_pair_kernel<7, ACC>,  f32_pair_kernel<8, ACC>,  f32_pair_kernel<9, ACC>,
+                                  f32_pair_kernel<10, ACC>, f32_pair_kernel<11, ACC>, f32_pair_kernel<12, ACC>};
 
 // M rows in blocks of at most MAX rows (for_row_blocks), each block through KERNEL<rows>.
 template <int MAX, typename X, typename P, typename Kernel>
@@ -276,15 +278,34 @@ void f32_panel_rows(const float* x, int64_t lda, int64_t M, int64_t K, const flo
 void f32_panel_pair_rows(const float* x, int64_t lda, int64_t M, int64_t K, const float* panel0,
                          const float* panel1, const float* bias, float* y, int64_t ldy, int64_t ncols) {
   for_row_blocks<12>(M, [&](int64_t r0, int64_t rows) {
-    kF32Pair[rows](x + r0 * lda, lda, K, panel0, panel1, bias, y + r0 * ldy, ldy, ncols);
+    kF32Pair<false>[rows](x + r0 * lda, lda, K, panel0, panel1, bias, y + r0 * ldy, ldy, ncols);
   });
 }
-void f32_panel_rows_acc(const float* x, int64_t lda, int64_t M, int64_t K, const float* panel, float* y,
-                        int64_t ldy, int64_t ncols) {
-  if (tokenmill_isa::batch_invariant())
-    row_blocks<14>(x, lda, M, K, panel, static_cast<const float*>(nullptr), y, ldy, ncols, kF32Invariant<true>);
-  else
-    row_blocks<14>(x, lda, M, K, panel, static_cast<const float*>(nullptr), y, ldy, ncols, kF32<true>);
+void f32_panels_rows(const float* x, int64_t lda, int64_t M, int64_t K, const float* panel, int64_t pstride,
+                     float* y, int64_t ldy, int64_t ncols, bool acc) {
+  const int64_t npanels = (ncols + 15) / 16;
+  const F32PairFn* pair = acc ? kF32Pair<true> : kF32Pair<false>;
+  const F32Fn* single = acc ? kF32Invariant<true> : kF32Invariant<false>;
+  for_row_blocks<12>(M, [&](int64_t r0, int64_t rows) {
+    const float* xr = x + r0 * lda;
+    float* yr = y + r0 * ldy;
+    int64_t j = 0;
+    for (; j + 1 < npanels; j += 2)
+      pair[rows](xr, lda, K, panel + j * pstride, panel + (j + 1) * pstride, nullptr, yr + j * 16, ldy,
+                 ncols - j * 16);
+    if (j < npanels) single[rows](xr, lda, K, panel + j * pstride, nullptr, yr + j * 16, ldy, ncols - j * 16);
+  });
+}
+float exp2_sub_row(float* s, int64_t n, int64_t width, float mx) {
+  const __m512 m = _mm512_set1_ps(mx);
+  __m512 sum = _mm512_setzero_ps();
+  for (int64_t i = 0; i < width; i += 16) {
+    const __mmask16 k = cols_mask(n - i);
+    const __m512 e = _mm512_maskz_mov_ps(k, tm_avx512_math::exp2_512(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, s + i), m)));
+    sum = _mm512_add_ps(sum, e);
+    _mm512_mask_storeu_ps(s + i, cols_mask(width - i), e);
+  }
+  return _mm512_reduce_add_ps(sum);
 }
 }  // namespace tm_avx512
 
@@ -309,8 +330,9 @@ void f32_panel_pair_rows(const float*, int64_t, int64_t, int64_t, const float*, 
                          int64_t, int64_t) {
   std::abort();
 }
-void f32_panel_rows_acc(const float*, int64_t, int64_t, int64_t, const float*, float*, int64_t, int64_t) {
+void f32_panels_rows(const float*, int64_t, int64_t, int64_t, const float*, int64_t, float*, int64_t, int64_t, bool) {
   std::abort();
 }
+float exp2_sub_row(float*, int64_t, int64_t, float) { std::abort(); }
 }  // namespace tm_avx512
 #endif

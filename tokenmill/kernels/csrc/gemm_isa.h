@@ -56,9 +56,13 @@ void f32_panel_rows(const float* x, int64_t lda, int64_t M, int64_t K, const flo
 // y[M, ncols <= 32] = x . [panel0 | panel1] (+ bias): two float32 panels per pass over x (not batch-invariant)
 void f32_panel_pair_rows(const float* x, int64_t lda, int64_t M, int64_t K, const float* panel0,
                          const float* panel1, const float* bias, float* y, int64_t ldy, int64_t ncols);
-// y[M, ncols] += x . panel
-void f32_panel_rows_acc(const float* x, int64_t lda, int64_t M, int64_t K, const float* panel, float* y,
-                        int64_t ldy, int64_t ncols);
+// y[M, ncols] = x . panels (acc: +=), panel j's [K][16] at panel + j * pstride: adjacent panels two at a
+// time (MR x 32 blocks, MR <= 12), an odd last one alone; every sum runs over k in order in one
+// accumulator, so the result depends on neither M's blocking nor the pairing (prefill attention)
+void f32_panels_rows(const float* x, int64_t lda, int64_t M, int64_t K, const float* panel, int64_t pstride,
+                     float* y, int64_t ldy, int64_t ncols, bool acc);
+// s[j] = 2^(s[j] - mx) for j < n, 0 for n <= j < width; returns the sum of the first n (exp512.h's exp2_512)
+float exp2_sub_row(float* s, int64_t n, int64_t width, float mx);
 }  // namespace tm_avx512
 namespace tm_avx2 {
 void bf16_panel_rows(const float* x, int64_t lda, int64_t M, int64_t K, const uint16_t* panel, const float* bias,

@@ -9,7 +9,10 @@
 // into M = G * QB rows. K and V are packed once per call into 16-wide panels (K transposed), so
 // per key block of KB keys S = Q K^T and O += P V run on the GEMM micro-kernel of the linear
 // layers; keys past the diagonal are never multiplied beyond the one block that crosses it (torch's
-// CPU SDPA computes the masked scores too, and repeats K/V for GQA).
+// CPU SDPA computes the masked scores too, and repeats K/V for GQA). Three paths: AVX2 float32;
+// AVX-512 float32 (panels two at a time, base-2 softmax with a lazily moved max); AVX512_BF16 for
+// bf16 caches (vdpbf16ps, the same softmax). A bf16 cache's K/V on the float32 paths are widened as
+// they are packed.
 #include <ATen/Parallel.h>
 
 #include <algorithm>
@@ -35,19 +38,6 @@ inline uint16_t bf16_bits(float f) {
   uint32_t u;
   std::memcpy(&u, &f, sizeof(u));
   return static_cast<uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
-}
-
-// S = Q K^T and O += P V blocks: the AVX-512 micro-kernel where the CPU has it (gemm_avx512.cpp)
-void s_rows(bool avx512, const float* x, int64_t lda, int64_t M, int64_t K, const float* panel, float* y,
-            int64_t ldy, int64_t ncols) {
-  if (avx512) tm_avx512::f32_panel_rows(x, lda, M, K, panel, nullptr, y, ldy, ncols);
-  else tokenmill_gemm::panel_rows<false>(x, lda, M, K, panel, nullptr, y, ldy, ncols);
-}
-
-void o_rows(bool avx512, const float* x, int64_t lda, int64_t M, int64_t K, const float* panel, float* y,
-            int64_t ldy, int64_t ncols) {
-  if (avx512) tm_avx512::f32_panel_rows_acc(x, lda, M, K, panel, y, ldy, ncols);
-  else tokenmill_gemm::panel_rows<true>(x, lda, M, K, panel, nullptr, y, ldy, ncols);
 }
 
 constexpr float kLog2e = 1.44269504088896341f;
@@ -92,18 +82,11 @@ void gather_q(const float* q, int64_t q0, int64_t nq, int64_t h, int64_t G, int6
     }
 }
 
-// exp(s[j] - mx) for j < n in place, 0 for n <= j < width; returns the sum of the first n.
-inline float exp_row(bool avx512, float* s, int64_t n, int64_t width, float mx) {
-  const float sum = avx512 ? tm_avx512::exp_sub_sum(s, n, mx) : exp_sub_sum(s, n, mx);
-  std::fill(s + n, s + width, 0.f);
-  return sum;
-}
-
 // Online softmax over one key block [kb0, kb0 + nk) of scores w.s [M][KB]; row r (query position
 // pos0 + r % nq) sees the keys up to its own position. Rows become exp(s - m) (0 past what they see),
-// m and l are updated and o rescaled where the running max moved.
-void softmax_block(bool avx512, Scratch& w, int64_t M, int64_t nq, int64_t D, int64_t pos0, int64_t kb0,
-                   int64_t nk) {
+// m and l are updated and o rescaled where the running max moved. The AVX2 path's; AVX-512 CPUs take
+// softmax_block_lazy.
+void softmax_block(Scratch& w, int64_t M, int64_t nq, int64_t D, int64_t pos0, int64_t kb0, int64_t nk) {
   for (int64_t r = 0; r < M; ++r) {
     const int64_t n = std::clamp<int64_t>(pos0 + r % nq - kb0 + 1, 0, nk);  // keys it may see in this block
     float* s = w.s.data() + r * KB;
@@ -111,9 +94,10 @@ void softmax_block(bool avx512, Scratch& w, int64_t M, int64_t nq, int64_t D, in
       std::fill(s, s + nk, 0.f);
       continue;
     }
-    const float mx = std::max(w.m[r], avx512 ? tm_avx512::row_max(s, n) : row_max(s, n));
+    const float mx = std::max(w.m[r], row_max(s, n));
     const float alpha = std::exp(w.m[r] - mx);
-    w.l[r] = w.l[r] * alpha + exp_row(avx512, s, n, nk, mx);
+    w.l[r] = w.l[r] * alpha + exp_sub_sum(s, n, mx);
+    std::fill(s + n, s + nk, 0.f);
     w.m[r] = mx;
     if (alpha != 1.f) {
       float* o = w.o.data() + r * D;
@@ -127,16 +111,19 @@ void softmax_block(bool avx512, Scratch& w, int64_t M, int64_t nq, int64_t D, in
 // o / l is the same whichever max was used. Most blocks then skip the rescale (and its exp).
 constexpr float kLazyRescaleLog2 = 8.f;
 
-// softmax_block for the bf16 path, scores in log2 units (q pre-scaled by log2 e): the numerators
-// 2^(s - m) go straight to w.pb as bf16 (w.s is left as is); m, l and o move only when a row's block
-// max exceeds m by more than kLazyRescaleLog2 (always on its first block: m = -inf).
-void softmax_block_bf16(Scratch& w, int64_t M, int64_t nq, int64_t D, int64_t pos0, int64_t kb0, int64_t nk) {
+// softmax_block for the AVX-512 paths, scores in log2 units (q pre-scaled by log2 e): the numerators
+// 2^(s - m) go to w.pb as bf16 (BF16: w.s is left as is) or replace the scores in w.s (float32); m, l
+// and o move only when a row's block max exceeds m by more than kLazyRescaleLog2 (always on its first
+// block: m = -inf).
+template <bool BF16>
+void softmax_block_lazy(Scratch& w, int64_t M, int64_t nq, int64_t D, int64_t pos0, int64_t kb0, int64_t nk) {
   for (int64_t r = 0; r < M; ++r) {
     const int64_t n = std::clamp<int64_t>(pos0 + r % nq - kb0 + 1, 0, nk);
-    const float* s = w.s.data() + r * KB;
+    float* s = w.s.data() + r * KB;
     uint16_t* p = w.pb.data() + r * KB;
     if (n == 0) {
-      std::fill(p, p + nk, uint16_t{0});
+      if constexpr (BF16) std::fill(p, p + nk, uint16_t{0});
+      else std::fill(s, s + nk, 0.f);
       continue;
     }
     const float bm = tm_avx512::row_max(s, n);
@@ -149,28 +136,47 @@ void softmax_block_bf16(Scratch& w, int64_t M, int64_t nq, int64_t D, int64_t po
       }
       w.m[r] = bm;
     }
-    w.l[r] += tm_avx512_bf16::exp2_round_row(s, n, nk, w.m[r], p);
+    if constexpr (BF16) w.l[r] += tm_avx512_bf16::exp2_round_row(s, n, nk, w.m[r], p);
+    else w.l[r] += tm_avx512::exp2_sub_row(s, n, nk, w.m[r]);
   }
 }
 
-// kp: this KV head's keys packed transposed, [Lk/16][D][16]; vp: its values, [D/16][Lk16][16].
+// kp: this KV head's keys packed transposed, [Lk/16][D][16]; vp: its values, [D/16][Lk16][16]. AVX2.
 void attend_block(const float* q, const float* kp, const float* vp, int64_t Lk16, float* out, int64_t context,
                   int64_t q0, int64_t nq, int64_t h, int64_t G, int64_t D, const int64_t qs[2], int64_t H,
                   float scale, Scratch& w) {
   const int64_t M = G * nq, dpanels = (D + NR - 1) / NR;
-  const bool avx512 = tokenmill_isa::active_level() >= tokenmill_isa::Level::kAvx512;
   w.start(M, D);
   gather_q(q, q0, nq, h, G, D, qs, scale, w.q.data());
   const int64_t kend = context + q0 + nq;  // keys any row of this block may see
   for (int64_t kb0 = 0; kb0 < kend; kb0 += KB) {
     const int64_t nk = std::min(KB, kend - kb0);
     for (int64_t p = 0; p * NR < nk; ++p)
-      s_rows(avx512, w.q.data(), D, M, D, kp + (kb0 / NR + p) * D * NR, w.s.data() + p * NR, KB,
-             std::min(NR, nk - p * NR));
-    softmax_block(avx512, w, M, nq, D, context + q0, kb0, nk);
+      tokenmill_gemm::panel_rows<false>(w.q.data(), D, M, D, kp + (kb0 / NR + p) * D * NR, nullptr,
+                                        w.s.data() + p * NR, KB, std::min(NR, nk - p * NR));
+    softmax_block(w, M, nq, D, context + q0, kb0, nk);
     for (int64_t p = 0; p < dpanels; ++p)
-      o_rows(avx512, w.s.data(), KB, M, nk, vp + (p * Lk16 + kb0) * NR, w.o.data() + p * NR, D,
-             std::min(NR, D - p * NR));
+      tokenmill_gemm::panel_rows<true>(w.s.data(), KB, M, nk, vp + (p * Lk16 + kb0) * NR, nullptr,
+                                       w.o.data() + p * NR, D, std::min(NR, D - p * NR));
+  }
+  w.finish(out, q0, nq, h, G, D, H);
+}
+
+// attend_block on AVX-512 (float32 math): S = Q K^T and O += P V with the panels two at a time (one
+// broadcast of q or p per two FMAs: the single-panel kernel waits on the load ports, session 31), the
+// softmax in base 2 with a lazily moved max (softmax_block_lazy) and key block 0 writing O.
+void attend_block_avx512(const float* q, const float* kp, const float* vp, int64_t Lk16, float* out,
+                         int64_t context, int64_t q0, int64_t nq, int64_t h, int64_t G, int64_t D,
+                         const int64_t qs[2], int64_t H, float scale, Scratch& w) {
+  const int64_t M = G * nq;
+  w.start(M, D, false);
+  gather_q(q, q0, nq, h, G, D, qs, scale * kLog2e, w.q.data());  // scores in log2 units
+  const int64_t kend = context + q0 + nq;
+  for (int64_t kb0 = 0; kb0 < kend; kb0 += KB) {
+    const int64_t nk = std::min(KB, kend - kb0);
+    tm_avx512::f32_panels_rows(w.q.data(), D, M, D, kp + kb0 * D, D * NR, w.s.data(), KB, nk, false);
+    softmax_block_lazy<false>(w, M, nq, D, context + q0, kb0, nk);
+    tm_avx512::f32_panels_rows(w.s.data(), KB, M, nk, vp + kb0 * NR, Lk16 * NR, w.o.data(), D, D, kb0 > 0);
   }
   w.finish(out, q0, nq, h, G, D, H);
 }
@@ -195,7 +201,7 @@ void attend_block_bf16(const float* q, const uint16_t* kp, const uint16_t* vp, i
     for (int64_t p = 0; p * BC < nk; ++p)
       tm_avx512_bf16::bf16_panel_rows(w.qb.data(), D, M, D, kp + (kb0 / BC + p) * D2 * PS, nullptr,
                                       w.s.data() + p * BC, KB, std::min(BC, nk - p * BC));
-    softmax_block_bf16(w, M, nq, D, context + q0, kb0, nk);
+    softmax_block_lazy<true>(w, M, nq, D, context + q0, kb0, nk);
     for (int64_t p = 0; p < dpanels; ++p) {
       const uint16_t* vpanel = vp + (p * Lk2 + kb0 / 2) * PS;
       float* o = w.o.data() + p * BC;
@@ -317,33 +323,38 @@ void prefill_bf16(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   });
 }
 
+// T: float, or c10::BFloat16 (a bf16 cache's context on a CPU without AVX512_BF16: widened as packed)
+template <typename T>
 void prefill_f32(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t context, float scale,
                  at::Tensor& out) {
   const int64_t Lq = q.size(0), H = q.size(1), D = q.size(2), Hkv = k.size(1), G = H / Hkv;
   // Pack every KV head's keys (transposed) and values into 16-wide panels once; tasks share them.
   const int64_t Lk = k.size(0), Lk16 = (Lk + NR - 1) / NR * NR, dpanels = (D + NR - 1) / NR;
   std::vector<float> kpack(Hkv * Lk16 * D, 0.f), vpack(Hkv * dpanels * Lk16 * NR, 0.f);
-  const float* kptr = k.data_ptr<float>();
-  const float* vptr = v.data_ptr<float>();
+  const T* kptr = k.data_ptr<T>();
+  const T* vptr = v.data_ptr<T>();
   at::parallel_for(0, Hkv * (Lk16 / NR), 1, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
       const int64_t h = t / (Lk16 / NR), kp0 = (t % (Lk16 / NR)) * NR;
       float* kdst = kpack.data() + h * Lk16 * D + kp0 * D;               // [D][16] of keys kp0..kp0+15
       float* vdst = vpack.data() + h * dpanels * Lk16 * NR;              // [dpanel][Lk16][16]
       for (int64_t j = kp0; j < std::min(kp0 + NR, Lk); ++j) {
-        const float* kr = kptr + j * k.stride(0) + h * k.stride(1);
-        const float* vr = vptr + j * v.stride(0) + h * v.stride(1);
-        for (int64_t d = 0; d < D; ++d) kdst[d * NR + (j - kp0)] = kr[d];
-        for (int64_t d = 0; d < D; ++d) vdst[((d / NR) * Lk16 + j) * NR + d % NR] = vr[d];
+        const T* kr = kptr + j * k.stride(0) + h * k.stride(1);
+        const T* vr = vptr + j * v.stride(0) + h * v.stride(1);
+        for (int64_t d = 0; d < D; ++d) kdst[d * NR + (j - kp0)] = static_cast<float>(kr[d]);
+        for (int64_t d = 0; d < D; ++d) vdst[((d / NR) * Lk16 + j) * NR + d % NR] = static_cast<float>(vr[d]);
       }
     }
   });
   const int64_t qs[2] = {q.stride(0), q.stride(1)};
   const float* qp = q.data_ptr<float>();
   float* op = out.data_ptr<float>();
+  const bool avx512 = tokenmill_isa::active_level() >= tokenmill_isa::Level::kAvx512;
   for_query_blocks(Hkv, Lq, [&](Scratch& w, int64_t h, int64_t q0, int64_t nq) {
-    attend_block(qp, kpack.data() + h * Lk16 * D, vpack.data() + h * dpanels * Lk16 * NR, Lk16, op, context, q0, nq,
-                 h, G, D, qs, H, scale, w);
+    const float* kh = kpack.data() + h * Lk16 * D;
+    const float* vh = vpack.data() + h * dpanels * Lk16 * NR;
+    if (avx512) attend_block_avx512(qp, kh, vh, Lk16, op, context, q0, nq, h, G, D, qs, H, scale, w);
+    else attend_block(qp, kh, vh, Lk16, op, context, q0, nq, h, G, D, qs, H, scale, w);
   });
 }
 
@@ -369,9 +380,9 @@ at::Tensor prefill_attention(const at::Tensor& q, const at::Tensor& k, const at:
   if (bf16_math && tokenmill_isa::active_level() == tokenmill_isa::Level::kAvx512Bf16)
     prefill_bf16(q, k, v, context, s, out);
   else if (k.scalar_type() == at::kFloat)
-    prefill_f32(q, k, v, context, s, out);
+    prefill_f32<float>(q, k, v, context, s, out);
   else
-    prefill_f32(q, k.to(at::kFloat), v.to(at::kFloat), context, s, out);
+    prefill_f32<c10::BFloat16>(q, k, v, context, s, out);
   return out;
 }
 

@@ -1,6 +1,7 @@
 """TTFT of single requests on an idle server, by prompt length: tokenmill serve, then vllm serve.
 
     python docs/benchmarks/isa/session25/ttft_idle_probe.py --peer-venv /opt/vllm-venv [--lengths 128,256,512,1024,1900]
+        [--max-model-len 8192 --peer-dtype float32]   (session 31, machine D: long prompts, vLLM's fastest dtype there)
 
 Each length: 1 warm-up then --repeats requests, one at a time, different text each, chat endpoint, streamed,
 max_tokens 2, ignore_eos. TTFT = client-side time to the first content chunk. Servers as in
@@ -26,7 +27,11 @@ from benchmarks.compare_vllm import peer_env, peer_python  # noqa: E402
 from benchmarks.compare_vllm_serve import stop, wait_ready  # noqa: E402
 from tokenmill.bench.workloads import PromptBuilder, load_tokenizer  # noqa: E402
 
-MODEL = str(Path.home() / ".cache/tokenmill/gguf/SmolLM2-135M-Instruct.Q4_1-bec1d71155329fe0")
+
+
+def model_folder() -> str:
+    from tokenmill.models.default_model import resolve_default_model
+    return str(resolve_default_model())
 
 
 def ttft(client: OpenAI, model: str, text: str) -> float:
@@ -43,7 +48,7 @@ def ttft(client: OpenAI, model: str, text: str) -> float:
 def probe(base: str, lengths: list[int], repeats: int, seed: int) -> dict:
     client = OpenAI(base_url=base + "/v1", api_key="x")
     model = client.models.list().data[0].id
-    b = PromptBuilder(load_tokenizer(MODEL))
+    b = PromptBuilder(load_tokenizer(model_folder()))
     rng = np.random.default_rng(seed)
     out = {}
     for n in lengths:
@@ -62,15 +67,18 @@ def main() -> None:
     ap.add_argument("--only", default="tokenmill,vllm")
     ap.add_argument("--tokenmill-extra", default="")
     ap.add_argument("--json", default="")
+    ap.add_argument("--max-model-len", default="2048")
+    ap.add_argument("--peer-dtype", default="bfloat16")
     a = ap.parse_args()
+    MODEL = model_folder()
     lengths = [int(x) for x in a.lengths.split(",")]
     res = {}
     servers = {
         "tokenmill": ([sys.executable, "-m", "tokenmill.cli", "serve", "--model", MODEL, "--port", "8011", "--dtype",
-                       "bfloat16", "--max-model-len", "2048", "--disable-log-stats", "--quantization", "none"]
+                       "bfloat16", "--max-model-len", a.max_model_len, "--disable-log-stats", "--quantization", "none"]
                       + a.tokenmill_extra.split(), None, 8011),
         "vllm": ([str(peer_python(a.peer_venv)), "-m", "vllm.entrypoints.openai.api_server", "--model", MODEL,
-                  "--port", "8012", "--dtype", "bfloat16", "--max-model-len", "2048", "--seed", "0",
+                  "--port", "8012", "--dtype", a.peer_dtype, "--max-model-len", a.max_model_len, "--seed", "0",
                   "--disable-log-stats"], peer_env(a.peer_venv, 4, True), 8012),
     }
     for name in a.only.split(","):
