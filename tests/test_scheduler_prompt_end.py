@@ -122,6 +122,21 @@ def test_serve_turns_it_on_and_offline_engines_do_not(tiny_llama):
     assert not resolve_config(EngineConfig(model=str(tiny_llama), dtype="float32")).scheduler.one_prompt_end_per_step
 
 
+def test_serve_takes_vllms_cpu_server_budget(tiny_llama):
+    """`tokenmill serve` steps take up to 2048 tokens (vLLM's default for its CPU API server), offline
+    engines 1024; the flag still overrides it and reaches the scheduler."""
+    from tokenmill.config import EngineConfig
+    from tokenmill.engine.resolve import resolve_config
+    from tokenmill.server.cli_args import engine_config_from_args, make_parser
+    parser = make_parser()
+    served = engine_config_from_args(parser.parse_args(["--model", str(tiny_llama), "--dtype", "float32"]))
+    assert served.max_num_batched_tokens == 2048 == resolve_config(served).scheduler.max_num_batched_tokens
+    assert "default: 2048" in parser.format_help().replace("\n", " ").replace("  ", " ")
+    assert engine_config_from_args(parser.parse_args(["--model", str(tiny_llama), "--max-num-batched-tokens",
+                                                      "512"])).max_num_batched_tokens == 512
+    assert EngineConfig().max_num_batched_tokens == 1024
+
+
 def test_the_simulator_schedules_as_serve_when_asked():
     """`tokenmill sim run --one-prompt-end-per-step` hands the rule to the simulated replicas' scheduler
     (sim validate asks for it: the server it is compared with runs it); off by default (vLLM's packing)."""
