@@ -82,7 +82,8 @@ def add_serve_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.set_defaults(kv_cache_prefault=True)  # a server keeps its cache: map it once, not mid-request
     parser.set_defaults(one_prompt_end_per_step=True)  # a server is judged on TTFT
     # vLLM's budget for its CPU API server (2048; 1024 stays for LLM): under load the larger steps give
-    # waiting prompts more of each step (docs/BENCHMARKS.md, session 31: TTFT p99 lower in 6/6 cells)
+    # waiting prompts more of each step (docs/BENCHMARKS.md, session 31: TTFT p99 lower on the long/short
+    # mix in both runs, on chat in one, equal in the other)
     parser.set_defaults(max_num_batched_tokens=2048)
     return parser
 
