@@ -7,7 +7,8 @@ Each round runs each tree in a fresh subprocess (PYTHONPATH = the tree): one LLM
 unquantized, the serve default budget of 1,024 tokens a step, so a 4,000-token prompt runs as four
 chunks over a growing cached context), one warm-up prompt, then --repeats prompts a length, each of
 new random tokens (no prefix hits). Prints seconds per prompt (median, min) and the model GFLOP/s
-(linear layers + causal attention) by tree and length, then the ratio of the best medians.
+(`tokenmill.bench.roofline.model_flops_per_token`: the layers' matmuls + causal attention) by tree
+and length, then the ratio of the best medians.
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ CHILD = r"""
 import json, sys, time
 import numpy as np
 from tokenmill import LLM, SamplingParams
+from tokenmill.bench.roofline import model_flops_per_token
 lengths, repeats, out = [int(x) for x in sys.argv[1].split(",")], int(sys.argv[2]), sys.argv[3]
 llm = LLM(dtype="auto", quantization="none", max_num_batched_tokens=1024)
 vocab = llm.get_tokenizer().vocab_size
@@ -32,7 +34,8 @@ one = SamplingParams(max_tokens=1, temperature=0)
 def prompt(n):
     return {"prompt_token_ids": rng.integers(100, vocab - 100, n).tolist()}
 llm.generate([prompt(256)], one, use_tqdm=False)
-res = {}
+cfg = llm.llm_engine.config.model.arch
+res = {"flop": {n: n * model_flops_per_token(cfg, n / 2) for n in lengths}}
 for n in lengths:
     ts = []
     for _ in range(repeats):
@@ -44,22 +47,13 @@ for n in lengths:
 json.dump(res, open(out, "w"))
 """
 
-LAYERS, HIDDEN, HEADS, HEAD_DIM, LINEAR_FLOP_PER_TOKEN = 30, 576, 9, 64, 2 * 134.5e6 - 2 * 576 * 49152
-
-
-def model_flop(n: int) -> float:
-    """Linear layers (2 x the non-embedding parameters a token, the LM head once) + causal attention."""
-    attention = LAYERS * 2 * HEADS * HEAD_DIM * n * n  # 4 H D n^2 / 2: QK^T and PV over the unmasked half
-    return n * LINEAR_FLOP_PER_TOKEN + 2 * HIDDEN * 49152 + attention
-
-
-def run_tree(tree: Path, lengths: str, repeats: int) -> dict[int, list[float]]:
+def run_tree(tree: Path, lengths: str, repeats: int) -> dict:
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
         out = f.name
     env = dict(os.environ, PYTHONPATH=str(tree.resolve()))
     subprocess.run([sys.executable, "-c", CHILD, lengths, str(repeats), out], check=True, env=env, cwd=tree,
                    stderr=subprocess.DEVNULL)
-    res = {int(k): v for k, v in json.loads(Path(out).read_text()).items()}
+    res = json.loads(Path(out).read_text())
     os.unlink(out)
     return res
 
@@ -76,11 +70,12 @@ def main() -> int:
     for r in range(args.rounds):
         for name in ("a", "b"):
             res = run_tree(Path(getattr(args, name)), args.lengths, args.repeats)
-            for n, ts in res.items():
+            flop = {int(n): f for n, f in res.pop("flop").items()}
+            for n, ts in ((int(n), ts) for n, ts in res.items()):
                 med = statistics.median(ts)
                 best[name][n] = min(best[name].get(n, 1e9), med)
                 print(f"round {r + 1} {name} L={n}: median {med * 1e3:.0f} ms (min {min(ts) * 1e3:.0f}), "
-                      f"{model_flop(n) / med / 1e9:.0f} GFLOP/s, load {os.getloadavg()[0]:.2f}", flush=True)
+                      f"{flop[n] / med / 1e9:.0f} GFLOP/s, load {os.getloadavg()[0]:.2f}", flush=True)
     for n in best["a"]:
         print(f"L={n}: best median A {best['a'][n] * 1e3:.0f} ms, B {best['b'][n] * 1e3:.0f} ms, "
               f"A/B {best['a'][n] / best['b'][n]:.3f}x")
