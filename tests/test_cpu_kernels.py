@@ -183,15 +183,15 @@ def test_prefill_attention_bf16_math(lq, context, heads, kv_heads, d, isa, kv_dt
 
 
 @pytest.mark.parametrize("jump", [5.0, 6.2, 150.0])
-@pytest.mark.parametrize("math", ["bf16", "float32"])
-def test_prefill_attention_running_max_jumps(jump, math):
-    """The AVX-512 paths (bf16 math, and float32 math since session 31) take their numerators against a
-    running max that may lag the true one by up to 8 (log2 units) and rescale o and l only past that.
-    One key (position 150, in the second 128-key block) scores `jump` above all others (natural
-    units): 5.0 stays under the threshold (7.2 in log2: numerators up to 2^7.2, no rescale), 6.2
-    crosses it (8.9: rescale, while the first block's keys keep ~17% of the weight, so a wrong rescale
-    factor shows), 150 would overflow float32 without the rescale. Checked against float64 attention,
-    atol/rtol 2e-2 for bf16 math, float32's 1e-5 otherwise (the AVX2 path, which rescales eagerly, too)."""
+@pytest.mark.parametrize("math,isa", [("bf16", "auto"), ("float32", "auto"), ("float32", "avx2")])
+def test_prefill_attention_running_max_jumps(jump, math, isa):
+    """Every path (bf16 math; float32 math on AVX-512 since session 31 and on AVX2 since session 32)
+    takes its numerators against a running max that may lag the true one by up to 8 (log2 units) and
+    rescales o and l only past that. One key (position 150, in the second 128-key block) scores `jump`
+    above all others (natural units): 5.0 stays under the threshold (7.2 in log2: numerators up to
+    2^7.2, no rescale), 6.2 crosses it (8.9: rescale, while the first block's keys keep ~17% of the
+    weight, so a wrong rescale factor shows), 150 would overflow float32 without the rescale. Checked
+    against float64 attention, atol/rtol 2e-2 for bf16 math, float32's 1e-5 otherwise."""
     if math == "bf16" and cpu_ops.isa_level() != "avx512_bf16":
         pytest.skip("the bf16 path runs on AVX512_BF16 CPUs only")
     lq, heads, kv_heads, d = 300, 4, 2, 32
@@ -202,7 +202,11 @@ def test_prefill_attention_running_max_jumps(jump, math):
     k[..., 0] = 0
     k[150, :, 0] = jump
     v = torch.randn(lq, kv_heads, d, generator=g).bfloat16()
-    out = torch.ops.tokenmill.prefill_attention(q, k, v, 0, d ** -0.5, math == "bf16")
+    cpu_ops.set_isa(isa)
+    try:
+        out = torch.ops.tokenmill.prefill_attention(q, k, v, 0, d ** -0.5, math == "bf16")
+    finally:
+        cpu_ops.set_isa("auto")
     ref = sdpa_causal(q.double(), k.double(), v.double(), 0, d ** -0.5).float()
     assert torch.isfinite(out).all()
     torch.testing.assert_close(out, ref, **(dict(atol=2e-2, rtol=2e-2) if math == "bf16" else TOL))

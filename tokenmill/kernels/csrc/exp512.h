@@ -18,17 +18,14 @@ inline __m512 exp512(__m512 x) {
 }
 
 // 2^x for x <= 8 (attention scores minus their running max, in log2 units): 2^round(x) * q(f), f = x -
-// round(x) in [-0.5, 0.5], q a degree-6 fit of 2^f (max relative error 9.7e-8 in float32 Horner, float's
-// own rounding); 9 vector ops against exp512's 17. vscalefps flushes x far below the range to 0.
+// round(x) in [-0.5, 0.5], q exp_poly.h's degree-6 fit of 2^f (max relative
+// error 9.7e-8); 9 vector ops against exp512's 17. vscalefps flushes x far below the range to 0.
 inline __m512 exp2_512(__m512 x) {
+  using namespace tm_exp;
   const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   const __m512 f = _mm512_sub_ps(x, n);
-  __m512 q = _mm512_fmadd_ps(_mm512_set1_ps(1.535336341476068e-4f), f, _mm512_set1_ps(1.3398875016719103e-3f));
-  q = _mm512_fmadd_ps(q, f, _mm512_set1_ps(9.61843691766262e-3f));
-  q = _mm512_fmadd_ps(q, f, _mm512_set1_ps(5.5503323674201965e-2f));
-  q = _mm512_fmadd_ps(q, f, _mm512_set1_ps(0.24022647738456726f));
-  q = _mm512_fmadd_ps(q, f, _mm512_set1_ps(0.6931471824645996f));
-  q = _mm512_fmadd_ps(q, f, _mm512_set1_ps(1.f));
+  __m512 q = _mm512_set1_ps(kExp2Poly[0]);
+  for (int i = 1; i < kExp2Terms; ++i) q = _mm512_fmadd_ps(q, f, _mm512_set1_ps(kExp2Poly[i]));
   return _mm512_scalef_ps(q, n);
 }
 }  // namespace tm_avx512_math

@@ -9,9 +9,9 @@
 // into M = G * QB rows. K and V are packed once per call into 16-wide panels (K transposed), so
 // per key block of KB keys S = Q K^T and O += P V run on the GEMM micro-kernel of the linear
 // layers; keys past the diagonal are never multiplied beyond the one block that crosses it (torch's
-// CPU SDPA computes the masked scores too, and repeats K/V for GQA). Three paths: AVX2 float32;
-// AVX-512 float32 (panels two at a time, base-2 softmax with a lazily moved max); AVX512_BF16 for
-// bf16 caches (vdpbf16ps, the same softmax). A bf16 cache's K/V on the float32 paths are widened as
+// CPU SDPA computes the masked scores too, and repeats K/V for GQA). One softmax for all three paths
+// (base 2, a lazily moved max): AVX2 float32; AVX-512 float32 (panels two at a time); AVX512_BF16 for
+// bf16 caches (vdpbf16ps). A bf16 cache's K/V on the float32 paths are widened as
 // they are packed.
 #include <ATen/Parallel.h>
 
@@ -49,12 +49,11 @@ struct Scratch {
   std::vector<float> q, s, o, m, l;
   std::vector<uint16_t> qb, pb;  // bf16 path: q rows, and the block's softmax numerators
 
-  // zero_o false: the first key block writes o (every row sees key 0, so block 0 covers every row)
-  void start(int64_t M, int64_t D, bool zero_o = true) {
+  // o is not zeroed: key block 0 writes it (every row sees key 0, so block 0 covers every row)
+  void start(int64_t M, int64_t D) {
     q.resize(M * D);
     s.resize(M * KB);
-    if (zero_o) o.assign(M * D, 0.f);
-    else o.resize(M * D);
+    o.resize(M * D);
     m.assign(M, -std::numeric_limits<float>::infinity());
     l.assign(M, 0.f);
   }
@@ -82,40 +81,30 @@ void gather_q(const float* q, int64_t q0, int64_t nq, int64_t h, int64_t G, int6
     }
 }
 
-// Online softmax over one key block [kb0, kb0 + nk) of scores w.s [M][KB]; row r (query position
-// pos0 + r % nq) sees the keys up to its own position. Rows become exp(s - m) (0 past what they see),
-// m and l are updated and o rescaled where the running max moved. The AVX2 path's; AVX-512 CPUs take
-// softmax_block_lazy.
-void softmax_block(Scratch& w, int64_t M, int64_t nq, int64_t D, int64_t pos0, int64_t kb0, int64_t nk) {
-  for (int64_t r = 0; r < M; ++r) {
-    const int64_t n = std::clamp<int64_t>(pos0 + r % nq - kb0 + 1, 0, nk);  // keys it may see in this block
-    float* s = w.s.data() + r * KB;
-    if (n == 0) {
-      std::fill(s, s + nk, 0.f);
-      continue;
-    }
-    const float mx = std::max(w.m[r], row_max(s, n));
-    const float alpha = std::exp(w.m[r] - mx);
-    w.l[r] = w.l[r] * alpha + exp_sub_sum(s, n, mx);
-    std::fill(s + n, s + nk, 0.f);
-    w.m[r] = mx;
-    if (alpha != 1.f) {
-      float* o = w.o.data() + r * D;
-      for (int64_t d = 0; d < D; ++d) o[d] *= alpha;
-    }
-  }
-}
-
 // How far (log2 units) a row's block max may rise above the max its numerators are taken against
 // before o and l are rescaled: numerators stay <= 2^8, exact enough in bf16 and far from overflow, and
 // o / l is the same whichever max was used. Most blocks then skip the rescale (and its exp).
 constexpr float kLazyRescaleLog2 = 8.f;
 
-// softmax_block for the AVX-512 paths, scores in log2 units (q pre-scaled by log2 e): the numerators
-// 2^(s - m) go to w.pb as bf16 (BF16: w.s is left as is) or replace the scores in w.s (float32); m, l
-// and o move only when a row's block max exceeds m by more than kLazyRescaleLog2 (always on its first
-// block: m = -inf).
-template <bool BF16>
+// The row operations of softmax_block_lazy on each ISA: the block max of a row's first n scores, and
+// their numerators 2^(s - mx) written in place (0 past n) with their sum returned.
+struct Avx2Rows {
+  static float max(const float* s, int64_t n) { return row_max(s, n); }
+  static float exp2_sub(float* s, int64_t n, int64_t width, float mx) { return exp2_sub_row(s, n, width, mx); }
+};
+struct Avx512Rows {
+  static float max(const float* s, int64_t n) { return tm_avx512::row_max(s, n); }
+  static float exp2_sub(float* s, int64_t n, int64_t width, float mx) {
+    return tm_avx512::exp2_sub_row(s, n, width, mx);
+  }
+};
+
+// Online softmax over one key block [kb0, kb0 + nk) of scores w.s [M][KB] in log2 units (q pre-scaled
+// by log2 e); row r (query position pos0 + r % nq) sees the keys up to its own position. The
+// numerators 2^(s - m) go to w.pb as bf16 (BF16, AVX512_BF16 only: w.s is left as is) or replace the
+// scores in w.s (float32, 0 past what the row sees); m, l and o move only when a row's block max
+// exceeds m by more than kLazyRescaleLog2 (always on its first block: m = -inf).
+template <typename Rows, bool BF16 = false>
 void softmax_block_lazy(Scratch& w, int64_t M, int64_t nq, int64_t D, int64_t pos0, int64_t kb0, int64_t nk) {
   for (int64_t r = 0; r < M; ++r) {
     const int64_t n = std::clamp<int64_t>(pos0 + r % nq - kb0 + 1, 0, nk);
@@ -126,7 +115,7 @@ void softmax_block_lazy(Scratch& w, int64_t M, int64_t nq, int64_t D, int64_t po
       else std::fill(s, s + nk, 0.f);
       continue;
     }
-    const float bm = tm_avx512::row_max(s, n);
+    const float bm = Rows::max(s, n);
     if (bm > w.m[r] + kLazyRescaleLog2) {
       if (kb0 > 0) {  // on block 0, l is 0 and o is written, not accumulated, after this
         const float alpha = std::exp2(w.m[r] - bm);
@@ -137,27 +126,32 @@ void softmax_block_lazy(Scratch& w, int64_t M, int64_t nq, int64_t D, int64_t po
       w.m[r] = bm;
     }
     if constexpr (BF16) w.l[r] += tm_avx512_bf16::exp2_round_row(s, n, nk, w.m[r], p);
-    else w.l[r] += tm_avx512::exp2_sub_row(s, n, nk, w.m[r]);
+    else w.l[r] += Rows::exp2_sub(s, n, nk, w.m[r]);
   }
 }
 
-// kp: this KV head's keys packed transposed, [Lk/16][D][16]; vp: its values, [D/16][Lk16][16]. AVX2.
+// kp: this KV head's keys packed transposed, [Lk/16][D][16]; vp: its values, [D/16][Lk16][16]. AVX2:
+// S = Q K^T and O += P V one 16-wide panel at a time (6 x 16 blocks: 2 panel loads and 6 broadcasts
+// per 12 FMAs, FMA-bound already), the base-2 softmax with a lazily moved max, key block 0 writing O.
 void attend_block(const float* q, const float* kp, const float* vp, int64_t Lk16, float* out, int64_t context,
                   int64_t q0, int64_t nq, int64_t h, int64_t G, int64_t D, const int64_t qs[2], int64_t H,
                   float scale, Scratch& w) {
   const int64_t M = G * nq, dpanels = (D + NR - 1) / NR;
   w.start(M, D);
-  gather_q(q, q0, nq, h, G, D, qs, scale, w.q.data());
+  gather_q(q, q0, nq, h, G, D, qs, scale * kLog2e, w.q.data());  // scores in log2 units
   const int64_t kend = context + q0 + nq;  // keys any row of this block may see
   for (int64_t kb0 = 0; kb0 < kend; kb0 += KB) {
     const int64_t nk = std::min(KB, kend - kb0);
     for (int64_t p = 0; p * NR < nk; ++p)
       tokenmill_gemm::panel_rows<false>(w.q.data(), D, M, D, kp + (kb0 / NR + p) * D * NR, nullptr,
                                         w.s.data() + p * NR, KB, std::min(NR, nk - p * NR));
-    softmax_block(w, M, nq, D, context + q0, kb0, nk);
-    for (int64_t p = 0; p < dpanels; ++p)
-      tokenmill_gemm::panel_rows<true>(w.s.data(), KB, M, nk, vp + (p * Lk16 + kb0) * NR, nullptr,
-                                       w.o.data() + p * NR, D, std::min(NR, D - p * NR));
+    softmax_block_lazy<Avx2Rows>(w, M, nq, D, context + q0, kb0, nk);
+    for (int64_t p = 0; p < dpanels; ++p) {
+      const float* vpanel = vp + (p * Lk16 + kb0) * NR;
+      float* o = w.o.data() + p * NR;
+      if (kb0 == 0) tokenmill_gemm::panel_rows<false>(w.s.data(), KB, M, nk, vpanel, nullptr, o, D, std::min(NR, D - p * NR));
+      else tokenmill_gemm::panel_rows<true>(w.s.data(), KB, M, nk, vpanel, nullptr, o, D, std::min(NR, D - p * NR));
+    }
   }
   w.finish(out, q0, nq, h, G, D, H);
 }
@@ -169,13 +163,13 @@ void attend_block_avx512(const float* q, const float* kp, const float* vp, int64
                          int64_t context, int64_t q0, int64_t nq, int64_t h, int64_t G, int64_t D,
                          const int64_t qs[2], int64_t H, float scale, Scratch& w) {
   const int64_t M = G * nq;
-  w.start(M, D, false);
+  w.start(M, D);
   gather_q(q, q0, nq, h, G, D, qs, scale * kLog2e, w.q.data());  // scores in log2 units
   const int64_t kend = context + q0 + nq;
   for (int64_t kb0 = 0; kb0 < kend; kb0 += KB) {
     const int64_t nk = std::min(KB, kend - kb0);
     tm_avx512::f32_panels_rows(w.q.data(), D, M, D, kp + kb0 * D, D * NR, w.s.data(), KB, nk, false);
-    softmax_block_lazy<false>(w, M, nq, D, context + q0, kb0, nk);
+    softmax_block_lazy<Avx512Rows>(w, M, nq, D, context + q0, kb0, nk);
     tm_avx512::f32_panels_rows(w.s.data(), KB, M, nk, vp + kb0 * NR, Lk16 * NR, w.o.data(), D, D, kb0 > 0);
   }
   w.finish(out, q0, nq, h, G, D, H);
@@ -190,7 +184,7 @@ void attend_block_bf16(const float* q, const uint16_t* kp, const uint16_t* vp, i
                        int64_t context, int64_t q0, int64_t nq, int64_t h, int64_t G, int64_t D, const int64_t qs[2],
                        int64_t H, float scale, Scratch& w) {
   const int64_t M = G * nq, D2 = (D + 1) / 2, dpanels = (D + BC - 1) / BC;
-  w.start(M, D, false);
+  w.start(M, D);
   gather_q(q, q0, nq, h, G, D, qs, scale * kLog2e, w.q.data());  // scores in log2 units
   w.qb.resize(M * D);
   w.pb.resize(M * KB);
@@ -201,7 +195,7 @@ void attend_block_bf16(const float* q, const uint16_t* kp, const uint16_t* vp, i
     for (int64_t p = 0; p * BC < nk; ++p)
       tm_avx512_bf16::bf16_panel_rows(w.qb.data(), D, M, D, kp + (kb0 / BC + p) * D2 * PS, nullptr,
                                       w.s.data() + p * BC, KB, std::min(BC, nk - p * BC));
-    softmax_block_lazy<true>(w, M, nq, D, context + q0, kb0, nk);
+    softmax_block_lazy<Avx512Rows, true>(w, M, nq, D, context + q0, kb0, nk);
     for (int64_t p = 0; p < dpanels; ++p) {
       const uint16_t* vpanel = vp + (p * Lk2 + kb0 / 2) * PS;
       float* o = w.o.data() + p * BC;

@@ -30,6 +30,39 @@ inline __m256 exp256(__m256 x) {
   const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
   return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
 }
+
+// 2^x on 8 lanes (exp512.h's exp2_512 without vscalefps): 2^round(x) * q(f) with exp_poly.h's degree-6
+// q. x is clamped to [-127, 127]: at -127 the exponent field is 0, so far-below values flush to +0.
+inline __m256 exp2_256(__m256 x) {
+  using namespace tm_exp;
+  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-127.f)), _mm256_set1_ps(127.f));
+  const __m256 n = _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m256 f = _mm256_sub_ps(x, n);
+  __m256 q = _mm256_set1_ps(kExp2Poly[0]);
+  for (int i = 1; i < kExp2Terms; ++i) q = _mm256_fmadd_ps(q, f, _mm256_set1_ps(kExp2Poly[i]));
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(q, _mm256_castsi256_ps(e));
+}
+
+// Lanes i < n of an 8-wide group starting at i0 (all ones where i0 + lane < n).
+inline __m256 first_lanes_256(int64_t i0, int64_t n) {
+  const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  return _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(n - i0)), lane));
+}
+
+// s[i] = 2^(s[i] - mx) for i < n, 0 for n <= i < width rounded up to 8 (the row must have room);
+// returns the sum of the first n. Prefill attention's AVX2 softmax (scores in log2 units).
+inline float exp2_sub_row(float* s, int64_t n, int64_t width, float mx) {
+  const __m256 m = _mm256_set1_ps(mx);
+  __m256 sum = _mm256_setzero_ps();
+  for (int64_t i = 0; i < width; i += 8) {
+    const __m256 keep = first_lanes_256(i, n);
+    const __m256 e = _mm256_and_ps(keep, exp2_256(_mm256_sub_ps(_mm256_loadu_ps(s + i), m)));
+    sum = _mm256_add_ps(sum, e);
+    _mm256_storeu_ps(s + i, e);
+  }
+  return hsum(sum);
+}
 #endif
 
 // exp(s[i] - mx) in place for i < n (vectorized where AVX2 is there); returns their sum.
