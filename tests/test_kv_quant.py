@@ -1,5 +1,6 @@
 """Quantized KV cache (kv_cache_dtype int8 / fp8): storage math, memory accounting, both attention
-backends, and a quality bound on the real model.
+backends, and a quality bound on the real model; and a plain bf16 cache under a float32 model
+(kv_cache_dtype bfloat16).
 
 Accepted quality bounds (SmolLM2-135M-Instruct, float32, first 512 tokens of
 tokenmill/data/alice_ch1_2.txt, scored through the paged cache in chunks of 120 tokens, so chunk
@@ -36,8 +37,10 @@ def test_bytes_per_token_smollm2(smollm2_folder):
     cfg = load_model_config(smollm2_folder)
     per_token = {name: kv_cache_spec(cfg, kvd, dt, BS).bytes_per_token * cfg.num_layers
                  for name, kvd, dt in [("fp32", "auto", torch.float32), ("bf16", "auto", torch.bfloat16),
-                                       ("int8", "int8", torch.float32), ("fp8", "fp8", torch.float32)]}
+                                       ("int8", "int8", torch.float32), ("fp8", "fp8", torch.float32),
+                                       ("bf16_under_fp32", "bfloat16", torch.float32)]}
     assert per_token["fp32"] == 46_080 and per_token["bf16"] == 23_040  # 30 x 2 x 3 x 64 x (4 | 2)
+    assert per_token["bf16_under_fp32"] == 23_040
     # 1 byte per element + a 1-byte scale code per (token, KV head), for K and for V:
     # 30 x 2 x 3 x (64 + 1) = 11,700 bytes = 65/128 = 50.8% of bf16
     assert per_token["int8"] == per_token["fp8"] == 30 * 2 * 3 * (64 + 1) == 11_700
@@ -105,7 +108,7 @@ def test_write_then_gather_error_bounds(kvd, scale_format):
 
 
 def test_unknown_kv_dtype_and_scale_format():
-    with pytest.raises(ValueError, match="kv_cache_dtype must be one of auto, int8, fp8"):
+    with pytest.raises(ValueError, match="kv_cache_dtype must be one of auto, bfloat16, int8, fp8"):
         make_kv_cache_spec("int4", torch.float32, BS, HKV, D)
     with pytest.raises(ValueError, match="scale_format must be one of log8, fp32"):
         make_kv_cache_spec("int8", torch.float32, BS, HKV, D, scale_format="bf16")
@@ -125,6 +128,40 @@ def test_reference_and_torch_backends_agree_on_quantized_cache(tiny_llama, kvd):
         scores[backend + "_gen"] = [o.outputs[0].token_ids for o in out]
     torch.testing.assert_close(scores["torch"], scores["reference"], atol=1e-4, rtol=1e-4)
     assert scores["torch_gen"] == scores["reference_gen"]
+
+
+# -- a bf16 cache under a float32 model ---------------------------------------------------------------
+def test_bf16_cache_under_float32_model_every_backend(tiny_llama):
+    """kv_cache_dtype bfloat16 with float32 weights and activations: the cache holds bf16 (half the
+    bytes of auto), every backend scores the same (1e-4: they differ only in summation order over the
+    same bf16 K/V), within bf16 rounding of the float32 cache (2e-3 in log-probability; 3.5e-4
+    measured on this random tiny model), and neither the chunking nor prefix caching changes a
+    result: this step's float32 rows are rounded as they are stored, so a fresh prompt attends to what
+    the cache holds (attending to the unrounded rows moves the one-chunk scores by 2.3e-4)."""
+    from tokenmill.eval.kv_quality import chunked_scores
+    tokens = [3 + (i * 37) % 500 for i in range(70)]
+    prompts = [{"prompt_token_ids": tokens[:40]}, {"prompt_token_ids": tokens[:40] + tokens[50:60]}]
+    greedy = SamplingParams(max_tokens=10, temperature=0, ignore_eos=True)
+    scores, gens = {}, {}
+    for backend, kvd, caching in [("cpu", "auto", True), ("cpu", "bfloat16", True), ("cpu", "bfloat16", False),
+                                  ("torch", "bfloat16", True), ("reference", "bfloat16", True)]:
+        llm = LLM(str(tiny_llama), dtype="float32", kv_cache_dtype=kvd, num_kv_blocks=64, block_size=16,
+                  attention_backend=backend, enable_prefix_caching=caching)
+        runner = llm.llm_engine.runner
+        assert runner.kv_caches[0][0].dtype == (torch.bfloat16 if kvd == "bfloat16" else torch.float32)
+        scores[backend, kvd] = chunked_scores(llm.llm_engine, tokens, chunk=9)[0]
+        if backend == "cpu":  # one chunk: every key fresh in this step
+            torch.testing.assert_close(chunked_scores(llm.llm_engine, tokens, chunk=70)[0], scores[backend, kvd],
+                                       atol=1e-5, rtol=0)
+        gens[backend, kvd, caching] = [[o.outputs[0].token_ids for o in llm.generate(prompts, greedy, use_tqdm=False)]
+                                       for _ in range(2)]  # the second pass hits the prefix cache if on
+        assert llm.llm_engine.core.kv.pool.num_used_blocks == 0
+    for backend in ("torch", "reference"):
+        torch.testing.assert_close(scores[backend, "bfloat16"], scores["cpu", "bfloat16"], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(scores["cpu", "bfloat16"], scores["cpu", "auto"], atol=2e-3, rtol=0)
+    assert not torch.equal(scores["cpu", "bfloat16"], scores["cpu", "auto"])  # the cache really is bf16
+    with_cache, without = gens["cpu", "bfloat16", True], gens["cpu", "bfloat16", False]
+    assert with_cache[0] == with_cache[1] == without[0] == without[1]
 
 
 # -- quality on the real model -----------------------------------------------------------------------

@@ -17,7 +17,7 @@ from tokenmill.core.scheduler import SchedulerConfig
 from tokenmill.models.model_config import ModelConfig
 
 DTYPES = ("auto", "bfloat16", "float32", "float16")
-KV_CACHE_DTYPES = ("auto", "int8", "fp8")
+KV_CACHE_DTYPES = ("auto", "bfloat16", "int8", "fp8")
 QUANTIZATIONS = ("gguf", "none", "int8", "int4", "awq", "gptq", "compressed-tensors")
 QUANT_GROUP_SIZES = (32, 64, 128)
 ATTENTION_BACKENDS = ("auto", "cpu", "torch", "reference")

@@ -30,6 +30,7 @@ import torch
 from tokenmill.models.registry import get_model_class
 
 from tokenmill.attention.backend import BatchLayout
+from tokenmill.attention.kv_cache import KV_PLAIN_DTYPES
 from tokenmill.data import read_text
 from tokenmill.bench.script import run_script
 
@@ -114,7 +115,7 @@ def chunked_scores(engine, token_ids: list[int], chunk: int = 256) -> tuple[torc
         pool.free(list(reversed(blocks)))
 
 
-_PLAIN_KV_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
+_PLAIN_KV_DTYPES = {**KV_PLAIN_DTYPES, "float16": torch.float16}  # float16: a reference point only
 
 
 def use_kv_cache(engine, kv_cache_dtype: str, scale_format: str = "log8") -> None:
