@@ -124,7 +124,9 @@ def test_paged_decode_every_level(level, dtype, heads, kv_heads, d, restore_isa)
 
 def test_set_isa_caps_at_what_the_cpu_has(restore_isa):
     best = cpu_ops.runnable_levels()[0]
-    assert cpu_ops.set_isa("auto") == best
+    env_cap = os.environ.get("TOKENMILL_CPU_ISA") or "auto"  # auto returns to the process's own cap
+    assert cpu_ops.set_isa("auto") == (best if env_cap == "auto" else
+                                       cpu_ops.LEVELS[max(cpu_ops.LEVELS.index(best), cpu_ops.LEVELS.index(env_cap))])
     assert cpu_ops.set_isa("scalar") == "scalar"
     assert cpu_ops.isa_level() == "scalar"
     assert cpu_ops.set_isa("avx512_bf16") == best  # never above the CPU
@@ -142,6 +144,26 @@ def test_dtype_auto_follows_the_kernel_level(level, restore_isa):
     assert resolve_dtype("float32") == "float32" and resolve_dtype("bfloat16") == "bfloat16"
 
 
+@pytest.mark.parametrize("level", cpu_ops.LEVELS)
+def test_kv_cache_auto_is_bf16_under_auto_float32_weights(level, tiny_llama, tmp_path, restore_isa):
+    """dtype auto on AVX2 (float32 weights) takes a bf16 KV cache, as AVX-512 CPUs get with their bf16
+    weights; an explicit dtype or kv_cache_dtype, another attention backend, or an MLA model (no
+    plain bf16 cache) keep what they ask for."""
+    from tiny_models import make_tiny_model
+    from tokenmill.config import EngineConfig
+    from tokenmill.engine.resolve import resolve_config
+    ran = cpu_ops.set_isa(level)
+    avx2 = ran in ("avx2", "scalar")
+
+    def kv(model=tiny_llama, **kw):
+        return resolve_config(EngineConfig(model=str(model), num_kv_blocks=8, **kw)).cache.kv_cache_dtype
+    assert kv() == ("bfloat16" if avx2 else "auto")
+    assert kv(dtype="float32") == "auto" and kv(kv_cache_dtype="int8") == "int8"
+    assert kv(attention_backend="torch") == "auto"
+    mla = make_tiny_model(tmp_path / "mla", "deepseek_v2", seed=3)
+    assert kv(model=mla) == "auto"
+
+
 @pytest.mark.parametrize("has_bf16", [True, False])
 def test_dtype_auto_without_kernels_needs_native_bf16(has_bf16, monkeypatch):
     from tokenmill.engine import resolve
@@ -151,11 +173,13 @@ def test_dtype_auto_without_kernels_needs_native_bf16(has_bf16, monkeypatch):
 
 
 def test_env_cap_is_read_at_load():
-    code = "from tokenmill.kernels import cpu_ops; cpu_ops.load(); print(cpu_ops.isa_level())"
+    """The cap holds for the process: set_isa("auto") after another level returns to it."""
+    code = ("from tokenmill.kernels import cpu_ops; cpu_ops.load(); first = cpu_ops.isa_level(); "
+            "cpu_ops.set_isa('avx2'); print(first, cpu_ops.set_isa('auto'))")
     env = {**os.environ, "TOKENMILL_CPU_ISA": "scalar"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.split()[-1] == "scalar"
+    assert out.stdout.split()[-2:] == ["scalar", "scalar"]
 
 
 def test_store_kv_rounds_float32_into_a_bf16_cache_like_torch():

@@ -35,7 +35,7 @@ class EngineConfig:
     block_size: int = 32  # tokens per KV block; scattered K/V reads 1.2x faster than with 16 (docs/BENCHMARKS.md)
     kv_cache_memory_gb: float | None = None  # None: 10% of available memory, within [0.25, 4] GiB
     num_kv_blocks: int | None = None  # overrides the budget (tests, simulations)
-    kv_cache_dtype: str = "auto"
+    kv_cache_dtype: str = "auto"  # auto: the model dtype; bfloat16 under dtype auto's float32 weights on AVX2
     # map the KV cache's pages at start, so no step pays a first-write page fault (seconds at start;
     # the whole budget is then resident, as in vLLM). `tokenmill serve` turns it on
     kv_cache_prefault: bool = False

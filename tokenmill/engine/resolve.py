@@ -4,6 +4,7 @@ from the memory budget and the model's own KV spec, threads."""
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -25,6 +26,7 @@ DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 def resolve_config(cfg: EngineConfig) -> TokenmillConfig:
     from tokenmill.spec.resolve import draft_kv_bytes_per_token, resolve_speculative
     model = resolve_model(cfg)
+    cfg = replace(cfg, kv_cache_dtype=resolve_kv_cache_dtype(cfg, model))
     budget = core_budget(cfg.num_threads)
     spec = resolve_speculative(cfg.speculative_config, model)
     draft_bytes = draft_kv_bytes_per_token(spec, cfg.kv_cache_dtype, TORCH_DTYPES[model.dtype], cfg.block_size)
@@ -119,6 +121,27 @@ def resolve_dtype(name: str) -> str:
     logger.info("dtype auto -> %s (kernels at level %s, CPU %s AVX512_BF16)", dtype, level,
                 "with" if cpu_has_bf16() else "without")
     return dtype
+
+
+def resolve_kv_cache_dtype(cfg: EngineConfig, model: ModelSpec) -> str:
+    """auto: the model's dtype, except where `dtype="auto"` chose float32 weights because our kernels run
+    AVX2 (no AVX-512): the KV cache is bf16 there, as it is on AVX-512 CPUs, when the model's cache has a
+    plain bf16 variant (MLA's has not). Decode attention streams the whole context every step; half the
+    bytes make W1 1.07x at the AVX2 cap with perplexity and exact match unchanged (docs/BENCHMARKS.md,
+    session 32). An explicit dtype or kv_cache_dtype is kept as given."""
+    if cfg.kv_cache_dtype != "auto" or cfg.dtype != "auto" or model.dtype != "float32" \
+            or cfg.attention_backend not in ("auto", "cpu"):
+        return cfg.kv_cache_dtype
+    from tokenmill.kernels import cpu_ops
+    if cpu_ops.isa_level() not in ("avx2", "scalar"):  # "unavailable": PyTorch attention, no bf16 reads
+        return cfg.kv_cache_dtype
+    try:
+        get_model_class(model.arch.architecture).kv_cache_spec(model.arch, "bfloat16", torch.float32, cfg.block_size)
+    except ValueError:  # this architecture's cache has no plain bf16 form
+        return cfg.kv_cache_dtype
+    logger.info("kv_cache_dtype auto -> bfloat16 (float32 weights on AVX2: half the KV bytes a decode step reads; "
+                "an explicit --dtype float32 keeps a float32 cache)")
+    return "bfloat16"
 
 
 def resolve_max_model_len(arch: ModelConfig, requested: int | None) -> int:

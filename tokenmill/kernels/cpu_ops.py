@@ -167,9 +167,13 @@ def runnable_levels() -> list[str]:
 
 def set_isa(cap: str) -> str:
     """Cap the run-time ISA (auto, avx512_bf16, avx512, avx2, scalar); returns the level now used.
-    Tests and benchmarks compare the paths this way in one process."""
+    Tests and benchmarks compare the paths this way in one process. auto goes back to the process's
+    own cap (TOKENMILL_CPU_ISA, read at load), so `TOKENMILL_CPU_ISA=avx2 pytest` stays on AVX2 after
+    a test that compared levels."""
     if not load():
         raise RuntimeError("the C++ CPU kernels are not available")
+    if cap == "auto":
+        cap = os.environ.get("TOKENMILL_CPU_ISA") or "auto"
     return torch.ops.tokenmill.set_cpu_isa(cap)
 
 
