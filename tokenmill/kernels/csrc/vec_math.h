@@ -49,10 +49,12 @@ inline __m256 first_lanes_256(int64_t i0, int64_t n) {
   const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
   return _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(n - i0)), lane));
 }
+#endif
 
 // s[i] = 2^(s[i] - mx) for i < n, 0 for n <= i < width rounded up to 8 (the row must have room);
 // returns the sum of the first n. Prefill attention's AVX2 softmax (scores in log2 units).
 inline float exp2_sub_row(float* s, int64_t n, int64_t width, float mx) {
+#ifdef __AVX2__
   const __m256 m = _mm256_set1_ps(mx);
   __m256 sum = _mm256_setzero_ps();
   for (int64_t i = 0; i < width; i += 8) {
@@ -62,8 +64,15 @@ inline float exp2_sub_row(float* s, int64_t n, int64_t width, float mx) {
     _mm256_storeu_ps(s + i, e);
   }
   return hsum(sum);
-}
+#else  // not x86-64-v3: plain loops
+  float sum = 0.f;
+  for (int64_t i = 0; i < (width + 7) / 8 * 8; ++i) {
+    s[i] = i < n ? std::exp2(s[i] - mx) : 0.f;
+    if (i < n) sum += s[i];
+  }
+  return sum;
 #endif
+}
 
 // exp(s[i] - mx) in place for i < n (vectorized where AVX2 is there); returns their sum.
 inline float exp_sub_sum(float* s, int64_t n, float mx) {
