@@ -172,8 +172,6 @@ def set_isa(cap: str) -> str:
     a test that compared levels."""
     if not load():
         raise RuntimeError("the C++ CPU kernels are not available")
-    if cap == "auto":
-        cap = os.environ.get("TOKENMILL_CPU_ISA") or "auto"
     return torch.ops.tokenmill.set_cpu_isa(cap)
 
 

@@ -38,13 +38,17 @@ Level capped(Level cap) {
   return static_cast<int>(cap) < static_cast<int>(best) ? cap : best;
 }
 
-Level initial_level() {
-  const char* v = std::getenv("TOKENMILL_CPU_ISA");
-  return capped(parse_level(v ? v : "", "TOKENMILL_CPU_ISA"));
+// The process's own cap: TOKENMILL_CPU_ISA as read at load (the CPU's best without it)
+Level load_level() {
+  static const Level level = [] {
+    const char* v = std::getenv("TOKENMILL_CPU_ISA");
+    return capped(parse_level(v ? v : "", "TOKENMILL_CPU_ISA"));
+  }();
+  return level;
 }
 
 std::atomic<int>& active() {
-  static std::atomic<int> level{static_cast<int>(initial_level())};
+  static std::atomic<int> level{static_cast<int>(load_level())};
   return level;
 }
 
@@ -103,7 +107,9 @@ std::string describe_text() {
 std::string describe_isa() { return describe_text(); }
 
 std::string set_isa(const std::string& cap) {
-  active().store(static_cast<int>(capped(parse_level(cap, "set_cpu_isa"))));
+  // auto returns to the load-time cap, so `TOKENMILL_CPU_ISA=avx2 pytest` stays on AVX2 after a test
+  // that compared levels
+  active().store(static_cast<int>(cap == "auto" ? load_level() : capped(parse_level(cap, "set_cpu_isa"))));
   return level_name(active_level());
 }
 

@@ -24,7 +24,7 @@ const CpuIsa& cpu_isa();
 Level active_level();
 const char* level_name(Level level);
 std::string describe_isa();            // "level=... best=... features=..."
-std::string set_isa(const std::string& cap);  // returns the level now active
+std::string set_isa(const std::string& cap);  // returns the level now active; auto: the load-time cap
 
 // Batch-invariant mode (process-wide, off by default): every GEMM path sums a row in the same order
 // whatever the number of rows in the call, and bf16 rows always take the same path, so a sequence's

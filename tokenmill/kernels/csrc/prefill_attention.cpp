@@ -146,12 +146,9 @@ void attend_block(const float* q, const float* kp, const float* vp, int64_t Lk16
       tokenmill_gemm::panel_rows<false>(w.q.data(), D, M, D, kp + (kb0 / NR + p) * D * NR, nullptr,
                                         w.s.data() + p * NR, KB, std::min(NR, nk - p * NR));
     softmax_block_lazy<Avx2Rows>(w, M, nq, D, context + q0, kb0, nk);
-    for (int64_t p = 0; p < dpanels; ++p) {
-      const float* vpanel = vp + (p * Lk16 + kb0) * NR;
-      float* o = w.o.data() + p * NR;
-      if (kb0 == 0) tokenmill_gemm::panel_rows<false>(w.s.data(), KB, M, nk, vpanel, nullptr, o, D, std::min(NR, D - p * NR));
-      else tokenmill_gemm::panel_rows<true>(w.s.data(), KB, M, nk, vpanel, nullptr, o, D, std::min(NR, D - p * NR));
-    }
+    const auto pv = kb0 == 0 ? &tokenmill_gemm::panel_rows<false> : &tokenmill_gemm::panel_rows<true>;
+    for (int64_t p = 0; p < dpanels; ++p)
+      pv(w.s.data(), KB, M, nk, vp + (p * Lk16 + kb0) * NR, nullptr, w.o.data() + p * NR, D, std::min(NR, D - p * NR));
   }
   w.finish(out, q0, nq, h, G, D, H);
 }
