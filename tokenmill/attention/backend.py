@@ -28,6 +28,15 @@ class BatchLayout:
         return self
 
 
+@dataclass
+class DecodeInputs:
+    """What the C++ decode stack (kernels/csrc/decode_stack.cpp) needs of a pure decode step."""
+    slot_mapping: torch.Tensor  # [B] int64
+    block_tables: torch.Tensor  # [B, blocks] int64
+    seq_lens: torch.Tensor      # [B] int64
+    block_size: int
+
+
 class AttentionBackend(ABC):
     name: str
 
@@ -45,6 +54,12 @@ class AttentionBackend(ABC):
         kv_cache is (k, v) or, quantized, (k_q, v_q, k_scale, v_scale): use write_kv and
         gather_blocks / gather_slots from tokenmill.attention.kv_cache, which handle both.
         Returns [T, H, D]."""
+
+    def decode_inputs(self, meta: object, kv_caches: list) -> DecodeInputs | None:
+        """For a step whose every row is one decode, over plain (k, v) caches that our paged_decode and
+        store_kv kernels read and write exactly as `forward` would: the inputs of the C++ decode
+        stack; None (the default): run `forward` layer by layer."""
+        return None
 
 
 def window_start(position: int, sliding_window: int | None) -> int:

@@ -18,7 +18,7 @@ from functools import cached_property
 import torch
 import torch.nn.functional as F
 
-from tokenmill.attention.backend import AttentionBackend, BatchLayout
+from tokenmill.attention.backend import AttentionBackend, BatchLayout, DecodeInputs
 from tokenmill.attention.kv_cache import gather_blocks, is_quantized, write_kv
 from tokenmill.kernels import cpu_ops
 
@@ -133,6 +133,16 @@ class CpuPagedBackend(AttentionBackend):
             _prefill(q, k, v, kv_cache, p, meta.block_size, scale, out, fresh_equals_cache=stored,
                      sliding_window=sliding_window)
         return out
+
+
+    def decode_inputs(self, meta: CpuPagedMetadata, kv_caches: list) -> DecodeInputs | None:
+        d = meta.decodes
+        if meta.prefills or d is None or d.rows is not None or not kv_caches:
+            return None
+        cache = kv_caches[0]
+        if len(cache) != 2 or cache[0].dtype not in (torch.float32, torch.bfloat16):  # quantized: 4 tensors
+            return None
+        return DecodeInputs(meta.slot_mapping, d.block_table, d.seq_lens, meta.block_size)
 
 
 def _storable(cache_dtype: torch.dtype, dtype: torch.dtype) -> bool:

@@ -57,11 +57,12 @@ def weight_bytes(model) -> int:
 
 
 class _ForwardTimer:
-    """Times the model forward: the layers and the lm_head (compute_logits) of the sampled rows."""
+    """Times the model forward: the layers and the lm_head of the sampled rows (compute_logits, or
+    greedy_tokens where the head's argmax runs without logits)."""
 
     def __init__(self, model) -> None:
         self.seconds = 0.0
-        for name in ("forward", "compute_logits"):
+        for name in ("forward", "compute_logits", "greedy_tokens"):
             setattr(model, name, self._timed(getattr(model, name)))
 
     def _timed(self, fn):
@@ -71,6 +72,12 @@ class _ForwardTimer:
             self.seconds += time.perf_counter() - t
             return out
         return timed
+
+
+def _native_decode(model) -> bool:
+    """Whether pure decode steps run as one C++ call (models/native_decode.py)."""
+    build = getattr(model, "_native_decode", None)
+    return build is not None and build() is not None
 
 
 def measure_prefill(llm, tokens_per_seq: int = 256, num_seqs: int = 4) -> dict:
@@ -133,7 +140,8 @@ def run(args: argparse.Namespace) -> int:
     res: dict = {"machine": machine(), "date": time.strftime("%Y-%m-%d %H:%M"), "dtype": str(dtype),
                  "threads": torch.get_num_threads(), "isa": cpu_ops.isa(), "host_memory": host_memory.describe(),
                  "weights": engine.config.model.quantization,
-                 "linear": type(engine.runner.model.lm_head.quant_method).__name__}
+                 "linear": type(engine.runner.model.lm_head.quant_method).__name__,
+                 "native_decode": _native_decode(engine.runner.model)}
     res["matmul_peak_dtype"] = str(peak_dtype(dtype))
     res["matmul_peak_gflops"] = matmul_peak(peak_dtype(dtype))
     res["panel_gemm_peak_gflops"] = panel_gemm_peak(dtype)

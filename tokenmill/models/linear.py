@@ -14,9 +14,19 @@ sum(output_sizes[:i]) .. sum(output_sizes[:i+1]).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 
 import torch
 from torch import nn
+
+
+@dataclass(frozen=True)
+class NativeLinear:
+    """A weight format's kernel as C++ code calls it (kernels/csrc/decode_stack.cpp): `kind` 0 is
+    float32 panels (panel_linear), 1 bf16 panels (bf16_panel_linear)."""
+    kind: int
+    packed: torch.Tensor
+    bias: torch.Tensor | None
 
 
 class LinearMethod(ABC):
@@ -49,6 +59,15 @@ class LinearMethod(ABC):
         """argmax over the first n_valid columns of x Wᵀ (+ b) per row (int64 [rows], first index on
         ties), for greedy sampling without the logits; None (the default): no such pass here."""
         return None
+
+    def native(self, layer: Linear) -> NativeLinear | None:
+        """This layer's kernel for C++ callers, which then compute exactly what `apply` computes on
+        float32 rows; None (the default): the format has no such kernel, callers use `apply`."""
+        return None
+
+    def swiglu_fusable(self, layer: Linear, down: Linear) -> bool:
+        """Whether apply_swiglu fuses this gate/up layer with `down` for float32 rows."""
+        return False
 
 
 class Linear(nn.Module):

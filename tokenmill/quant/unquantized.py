@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tokenmill.kernels import cpu_ops
-from tokenmill.models.linear import Linear, LinearMethod
+from tokenmill.models.linear import Linear, LinearMethod, NativeLinear
 
 
 def _has_onednn_linear() -> bool:
@@ -82,6 +82,10 @@ class PanelLinearMethod(_PackedLinearMethod):
     def apply_packed(self, layer: Linear, x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
         return torch.ops.tokenmill.panel_linear(x, packed, layer.out_features, layer.bias)
 
+    def native(self, layer: Linear) -> NativeLinear | None:
+        packed = getattr(layer, "packed", None)
+        return None if packed is None else NativeLinear(0, packed, layer.bias)
+
 
 class Bf16PanelLinearMethod(_PackedLinearMethod):
     def pack(self, weight: torch.Tensor) -> torch.Tensor:
@@ -96,16 +100,23 @@ class Bf16PanelLinearMethod(_PackedLinearMethod):
     def apply_packed(self, layer: Linear, x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
         return torch.ops.tokenmill.bf16_panel_linear(x, packed, layer.out_features, layer.bias)
 
+    def native(self, layer: Linear) -> NativeLinear | None:
+        packed = getattr(layer, "packed", None)
+        return None if packed is None else NativeLinear(1, packed, layer.bias)
+
+    def swiglu_fusable(self, layer: Linear, down: Linear) -> bool:
+        inter = layer.output_sizes[0]
+        return (getattr(layer, "packed", None) is not None and layer.bias is None and len(layer.output_sizes) == 2
+                and layer.output_sizes[1] == inter and inter % 32 == 0
+                and type(down.quant_method) is Bf16PanelLinearMethod)
+
     def apply_swiglu(self, layer: Linear, x: torch.Tensor, down: Linear) -> torch.Tensor | None:
         """On AVX-512 CPUs silu(g) * u leaves the gate/up GEMM's registers: as bf16 rows where the down
         projection rounds its input to bf16 anyway (AVX512_BF16, 3+ rows), else as float32 rows; on
         AVX2 the kernel runs the unfused ops and returns float32 (csrc/bf16_gemm.cpp, bf16_swiglu)."""
-        packed = getattr(layer, "packed", None)
-        inter = layer.output_sizes[0]
-        if (packed is None or layer.bias is not None or len(layer.output_sizes) != 2 or layer.output_sizes[1] != inter
-                or inter % 32 or not _packable(x) or type(down.quant_method) is not Bf16PanelLinearMethod):
+        if not _packable(x) or not self.swiglu_fusable(layer, down):
             return None
-        return torch.ops.tokenmill.bf16_swiglu(x, packed, inter)
+        return torch.ops.tokenmill.bf16_swiglu(x, layer.packed, layer.output_sizes[0])
 
     def apply_argmax(self, layer: Linear, x: torch.Tensor, n_valid: int) -> torch.Tensor | None:
         """On AVX-512 CPUs the logits stay in registers (csrc/bf16_gemm.cpp, bf16_argmax_linear)."""
@@ -118,6 +129,12 @@ class Bf16PanelLinearMethod(_PackedLinearMethod):
 class OneDNNBf16LinearMethod(Bf16PanelLinearMethod):
     def apply_swiglu(self, layer: Linear, x: torch.Tensor, down: Linear) -> torch.Tensor | None:
         return None  # oneDNN's packed layout is not our panels
+
+    def native(self, layer: Linear) -> NativeLinear | None:
+        return None
+
+    def swiglu_fusable(self, layer: Linear, down: Linear) -> bool:
+        return False
 
     def apply_argmax(self, layer: Linear, x: torch.Tensor, n_valid: int) -> torch.Tensor | None:
         return None
