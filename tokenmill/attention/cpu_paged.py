@@ -134,7 +134,6 @@ class CpuPagedBackend(AttentionBackend):
                      sliding_window=sliding_window)
         return out
 
-
     def decode_inputs(self, meta: CpuPagedMetadata, kv_caches: list) -> DecodeInputs | None:
         d = meta.decodes
         if meta.prefills or d is None or d.rows is not None or not kv_caches:

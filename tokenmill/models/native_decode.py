@@ -8,7 +8,9 @@ same order on the same tensors, so its output is bit-identical to the layers'; i
   panels; quantized, oneDNN and plain weights keep the Python path),
 - the attention backend hands over the step (`AttentionBackend.decode_inputs`: only the cpu backend,
   only when every row is one decode over a plain float32/bf16 cache),
-and the activations are float32. Anything else, or TOKENMILL_NATIVE_DECODE=0, runs the layers.
+and the activations are float32. Anything else, or TOKENMILL_NATIVE_DECODE=0, runs the layers. On the
+steps it takes, forward hooks on the layers' modules are not called (AWQ calibration hooks the linear
+layers on prompt chunks, which always run the layers).
 """
 from __future__ import annotations
 
