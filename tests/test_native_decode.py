@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from tokenmill import LLM, SamplingParams
+from tokenmill.kernels import cpu_ops
 from tokenmill.models.native_decode import NativeDecodeStack
 from tiny_models import make_tiny_model
 
@@ -55,6 +56,20 @@ def test_native_decode_equals_the_python_layers(arch, dtype, kv_dtype, overrides
     native, steps, native_cache = _run(_engine(folder, dtype, kv_dtype), native=True)
     assert none == 0 and steps >= 10  # the stack took the decode steps (prompt steps stay in Python)
     assert native == python
+    assert all(torch.equal(a, b) for a, b in zip(native_cache, python_cache))
+
+
+@pytest.mark.parametrize("level", cpu_ops.LEVELS)
+def test_native_decode_equals_the_python_layers_every_level(level, tmp_path):
+    """Every kernel path this CPU runs (levels above it are capped to it): bf16 weights over a bf16 cache."""
+    cpu_ops.set_isa(level)
+    try:
+        folder = make_tiny_model(tmp_path / "llama", "llama", seed=4)
+        python, _, python_cache = _run(_engine(folder, "bfloat16"), native=False)
+        native, steps, native_cache = _run(_engine(folder, "bfloat16"), native=True)
+    finally:
+        cpu_ops.set_isa("auto")
+    assert steps >= 10 and native == python
     assert all(torch.equal(a, b) for a, b in zip(native_cache, python_cache))
 
 
