@@ -39,6 +39,7 @@ class NativeDecodeStack:
         weights: list[torch.Tensor] = []
         ints: list[int] = []
         shapes = set()
+        empty = torch.empty(0)  # no bias
         for layer in model.layers:
             attn, mlp = layer.self_attn, getattr(layer, layer.mlp_name)
             if (type(layer) is not DecoderLayer or type(attn) is not Attention or attn.q_norm is not None
@@ -50,7 +51,6 @@ class NativeDecodeStack:
             native = [lin.quant_method.native(lin) for lin in linears]
             if any(n is None for n in native) or mlp.gate_up_proj.output_sizes != [mlp.intermediate] * 2:
                 return None
-            empty = torch.empty(0)
             weights += [layer.input_layernorm.weight.detach()]
             for i, n in enumerate(native):
                 weights += [n.packed, empty if n.bias is None else n.bias.detach()]

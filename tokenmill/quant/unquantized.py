@@ -58,7 +58,10 @@ class PlainLinearMethod(LinearMethod):
 
 class _PackedLinearMethod(PlainLinearMethod):
     """Packs the float32 weight once after loading; non-float32 inputs (none in a float32 model)
-    use the plain weight while it is kept."""
+    use the plain weight while it is kept. `native_kind`: the NativeLinear kind of our panel formats
+    (None: the packed layout is not ours)."""
+
+    native_kind: int | None = None
 
     def load(self, layer: Linear) -> None:
         layer.packed = self.pack(layer.weight.detach())
@@ -74,20 +77,25 @@ class _PackedLinearMethod(PlainLinearMethod):
             return self.apply_packed(layer, x, packed)
         return F.linear(x, layer.weight, layer.bias)
 
+    def native(self, layer: Linear) -> NativeLinear | None:
+        packed = getattr(layer, "packed", None)
+        if packed is None or self.native_kind is None:
+            return None
+        return NativeLinear(self.native_kind, packed, layer.bias)
+
 
 class PanelLinearMethod(_PackedLinearMethod):
+    native_kind = 0
+
     def pack(self, weight: torch.Tensor) -> torch.Tensor:
         return torch.ops.tokenmill.pack_panels(weight)  # [out/16, in, 16]
 
     def apply_packed(self, layer: Linear, x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
         return torch.ops.tokenmill.panel_linear(x, packed, layer.out_features, layer.bias)
 
-    def native(self, layer: Linear) -> NativeLinear | None:
-        packed = getattr(layer, "packed", None)
-        return None if packed is None else NativeLinear(0, packed, layer.bias)
-
 
 class Bf16PanelLinearMethod(_PackedLinearMethod):
+    native_kind = 1
     def pack(self, weight: torch.Tensor) -> torch.Tensor:
         return torch.ops.tokenmill.pack_bf16_panels(weight.to(torch.bfloat16))  # [out/32, in/2, 32, 2]
 
@@ -99,10 +107,6 @@ class Bf16PanelLinearMethod(_PackedLinearMethod):
 
     def apply_packed(self, layer: Linear, x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
         return torch.ops.tokenmill.bf16_panel_linear(x, packed, layer.out_features, layer.bias)
-
-    def native(self, layer: Linear) -> NativeLinear | None:
-        packed = getattr(layer, "packed", None)
-        return None if packed is None else NativeLinear(1, packed, layer.bias)
 
     def swiglu_fusable(self, layer: Linear, down: Linear) -> bool:
         inter = layer.output_sizes[0]
@@ -127,11 +131,7 @@ class Bf16PanelLinearMethod(_PackedLinearMethod):
 
 
 class OneDNNBf16LinearMethod(Bf16PanelLinearMethod):
-    def apply_swiglu(self, layer: Linear, x: torch.Tensor, down: Linear) -> torch.Tensor | None:
-        return None  # oneDNN's packed layout is not our panels
-
-    def native(self, layer: Linear) -> NativeLinear | None:
-        return None
+    native_kind = None  # oneDNN's packed layout is not our panels: no SwiGLU, argmax or C++ callers
 
     def swiglu_fusable(self, layer: Linear, down: Linear) -> bool:
         return False
