@@ -9,7 +9,9 @@ of output tokens/s (B/A), and whether the greedy outputs are token-identical.
     python benchmarks/ab_offline.py --a /tmp/base --b . --num-requests 48 --rounds 2 --json out.json
 
 `--dtype-b` gives B its own dtype, to compare two dtypes of one tree (`--a . --b . --dtype float32
---dtype-b bfloat16`); the outputs then differ and "identical" reads False.
+--dtype-b bfloat16`); the outputs then differ and "identical" reads False. `--env-a` / `--env-b
+KEY=VALUE` (repeatable) set environment variables for one side, to compare two settings of one tree
+(`--a . --b . --env-a TOKENMILL_NATIVE_STACK=decode`).
 """
 from __future__ import annotations
 
@@ -46,10 +48,11 @@ json.dump({"seconds": seconds, "start_s": start_s, "output_tokens": sum(map(len,
 """
 
 
-def run_tree(tree: Path, n: int, dtype: str, quantization: str) -> dict:
+def run_tree(tree: Path, n: int, dtype: str, quantization: str, extra_env: list[str] = ()) -> dict:
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
         out = f.name
     env = dict(os.environ, PYTHONPATH=str(tree.resolve()))
+    env.update(kv.split("=", 1) for kv in extra_env)
     subprocess.run([sys.executable, "-c", CHILD, str(n), dtype, out, quantization], check=True, env=env, cwd=tree)
     res = json.loads(Path(out).read_text())
     os.unlink(out)
@@ -69,13 +72,19 @@ def main() -> int:
     p.add_argument("--quantization", default="default",
                    help="weight format for both trees (default: the model's own: gguf for the default model)")
     p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--env-a", action="append", default=[], metavar="KEY=VALUE", help="environment for A's runs")
+    p.add_argument("--env-b", action="append", default=[], metavar="KEY=VALUE", help="environment for B's runs")
     p.add_argument("--json", default=None)
     args = p.parse_args()
+    for kv in args.env_a + args.env_b:
+        if "=" not in kv:
+            p.error(f"--env-a/--env-b take KEY=VALUE, got {kv!r}")
     runs: dict[str, list[dict]] = {"a": [], "b": []}
     dtypes = {"a": args.dtype, "b": args.dtype_b or args.dtype}
     for r in range(args.rounds):
         for name in ("a", "b"):
-            res = run_tree(Path(getattr(args, name)), args.num_requests, dtypes[name], args.quantization)
+            res = run_tree(Path(getattr(args, name)), args.num_requests, dtypes[name], args.quantization,
+                           getattr(args, f"env_{name}"))
             runs[name].append(res)
             print(f"round {r + 1} {name} ({dtypes[name]}): {res['seconds']:.1f} s, {res['output_tok_s']:.1f} out tok/s, "
                   f"outputs {res['digest']}", flush=True)

@@ -29,11 +29,14 @@ class BatchLayout:
 
 
 @dataclass
-class DecodeInputs:
-    """What the C++ decode stack (kernels/csrc/decode_stack.cpp) needs of a pure decode step."""
-    slot_mapping: torch.Tensor  # [B] int64
-    block_tables: torch.Tensor  # [B, blocks] int64
-    seq_lens: torch.Tensor      # [B] int64
+class StepInputs:
+    """What the C++ layer stack (kernels/csrc/layer_stack.cpp) needs of a step's attention."""
+    slot_mapping: torch.Tensor  # [T] int64
+    decode_rows: torch.Tensor   # [Bd] int64 flat row of each decode (unused when there are no chunks)
+    block_tables: torch.Tensor  # [Bd, blocks] int64
+    seq_lens: torch.Tensor      # [Bd] int64
+    chunk_ints: list[int]       # 4 per prompt chunk: first row, end row, tokens cached before it, bf16 math
+    chunk_blocks: list[torch.Tensor]  # [blocks] int64 per chunk
     block_size: int
 
 
@@ -55,10 +58,11 @@ class AttentionBackend(ABC):
         gather_blocks / gather_slots from tokenmill.attention.kv_cache, which handle both.
         Returns [T, H, D]."""
 
-    def decode_inputs(self, meta: object, kv_caches: list) -> DecodeInputs | None:
-        """For a step whose every row is one decode, over plain (k, v) caches that our paged_decode and
-        store_kv kernels read and write exactly as `forward` would: the inputs of the C++ decode
-        stack; None (the default): run `forward` layer by layer."""
+    def step_inputs(self, meta: object, kv_caches: list, windows: set[int]) -> StepInputs | None:
+        """For a step whose attention the C++ layer stack computes exactly as `forward` would (plain (k, v)
+        caches that our store_kv, paged_decode and prefill_attention kernels read and write; `windows`:
+        the layers' sliding windows, 0 for none), its inputs; None (the default): run `forward` layer by
+        layer."""
         return None
 
 

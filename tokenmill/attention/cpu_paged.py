@@ -18,7 +18,7 @@ from functools import cached_property
 import torch
 import torch.nn.functional as F
 
-from tokenmill.attention.backend import AttentionBackend, BatchLayout, DecodeInputs
+from tokenmill.attention.backend import AttentionBackend, BatchLayout, StepInputs
 from tokenmill.attention.kv_cache import gather_blocks, is_quantized, write_kv
 from tokenmill.kernels import cpu_ops
 
@@ -134,14 +134,29 @@ class CpuPagedBackend(AttentionBackend):
                      sliding_window=sliding_window)
         return out
 
-    def decode_inputs(self, meta: CpuPagedMetadata, kv_caches: list) -> DecodeInputs | None:
+    def step_inputs(self, meta: CpuPagedMetadata, kv_caches: list, windows: set[int]) -> StepInputs | None:
+        """The step as `forward` runs it over float32 activations: store_kv, decodes through paged_decode,
+        chunks through our prefill kernel (over this step's k/v when nothing is cached before them).
+        None for a quantized cache, or a chunk some layer's window binds (SDPA computes those)."""
+        if not kv_caches or any(len(c) != 2 or c[0].dtype != kv_caches[0][0].dtype for c in kv_caches):
+            return None  # quantized: 4 tensors
+        dtype = kv_caches[0][0].dtype
+        if dtype not in (torch.float32, torch.bfloat16) or any(p.window_binds(w) for p in meta.prefills for w in windows):
+            return None
         d = meta.decodes
-        if meta.prefills or d is None or d.rows is not None or not kv_caches:
-            return None
-        cache = kv_caches[0]
-        if len(cache) != 2 or cache[0].dtype not in (torch.float32, torch.bfloat16):  # quantized: 4 tensors
-            return None
-        return DecodeInputs(meta.slot_mapping, d.block_table, d.seq_lens, meta.block_size)
+        bf16_prompts = dtype == torch.bfloat16 and not cpu_ops.batch_invariant()
+        chunk_ints = [n for p in meta.prefills for n in (p.start, p.end, p.context, int(p.prompt and bf16_prompts))]
+        if d is None:
+            rows, tables, lens = _NO_ROWS, _NO_TABLES, _NO_ROWS
+        else:
+            rows = d.rows if d.rows is not None else _NO_ROWS
+            tables, lens = d.block_table, d.seq_lens
+        return StepInputs(meta.slot_mapping, rows, tables, lens, chunk_ints, [p.block_table[0] for p in meta.prefills],
+                          meta.block_size)
+
+
+_NO_ROWS = torch.empty(0, dtype=torch.long)
+_NO_TABLES = torch.empty(0, 1, dtype=torch.long)
 
 
 def _storable(cache_dtype: torch.dtype, dtype: torch.dtype) -> bool:

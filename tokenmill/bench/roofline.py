@@ -74,10 +74,11 @@ class _ForwardTimer:
         return timed
 
 
-def _native_decode(model) -> bool:
-    """Whether pure decode steps run as one C++ call (models/native_decode.py)."""
-    build = getattr(model, "_native_decode", None)
-    return build is not None and build() is not None
+def _native_stack(model) -> str:
+    """Which steps run all layers in one C++ call (models/native_stack.py): "all", "decode" or "none"."""
+    build = getattr(model, "native_layer_stack", None)
+    stack = build() if build is not None else None
+    return "none" if stack is None else "decode" if stack.decode_only else "all"
 
 
 def measure_prefill(llm, tokens_per_seq: int = 256, num_seqs: int = 4) -> dict:
@@ -141,7 +142,7 @@ def run(args: argparse.Namespace) -> int:
                  "threads": torch.get_num_threads(), "isa": cpu_ops.isa(), "host_memory": host_memory.describe(),
                  "weights": engine.config.model.quantization,
                  "linear": type(engine.runner.model.lm_head.quant_method).__name__,
-                 "native_decode": _native_decode(engine.runner.model)}
+                 "native_stack": _native_stack(engine.runner.model)}
     res["matmul_peak_dtype"] = str(peak_dtype(dtype))
     res["matmul_peak_gflops"] = matmul_peak(peak_dtype(dtype))
     res["panel_gemm_peak_gflops"] = panel_gemm_peak(dtype)

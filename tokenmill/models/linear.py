@@ -22,8 +22,9 @@ from torch import nn
 
 @dataclass(frozen=True)
 class NativeLinear:
-    """A weight format's kernel as C++ code calls it (kernels/csrc/decode_stack.cpp): `kind` 0 is
-    float32 panels (panel_linear), 1 bf16 panels (bf16_panel_linear)."""
+    """A weight format's kernel as C++ code calls it (kernels/csrc/layer_stack.cpp): `kind` 0 is
+    float32 panels (panel_linear), 1 bf16 panels (bf16_panel_linear), 2 and 3 4-bit and 8-bit block
+    records (q4_linear, q8_linear)."""
     kind: int
     packed: torch.Tensor
     bias: torch.Tensor | None

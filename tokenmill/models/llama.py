@@ -12,7 +12,7 @@ from tokenmill.models.base import CausalLM
 from tokenmill.models.layers import RMSNorm, RotaryEmbedding, SwiGLU, VocabEmbedding
 from tokenmill.models.linear import Linear
 from tokenmill.models.model_config import ModelConfig
-from tokenmill.models.native_decode import NativeDecodeStack
+from tokenmill.models.native_stack import NativeLayerStack
 from tokenmill.quant import QuantConfig
 
 
@@ -105,19 +105,19 @@ class LlamaForCausalLM(CausalLM):
         """input_ids, positions: [T]. Returns final hidden states [T, hidden]."""
         x = self.embed_tokens(input_ids)
         cos_sin = self.layers[0].self_attn.rope.cos_sin(positions, x.dtype)
-        stack = self._native_decode()
+        stack = self.native_layer_stack()
         native = stack.run(x, cos_sin, kv_caches, backend, meta) if stack is not None else None
-        if native is not None:  # a pure decode step, all layers in one C++ call
+        if native is not None:  # all layers in one C++ call
             return self.norm(*native)[0]
         residual = None
         for layer, kv_cache in zip(self.layers, kv_caches):
             x, residual = layer(x, residual, cos_sin, kv_cache, backend, meta)
         return self.norm(x, residual)[0]
 
-    def _native_decode(self) -> NativeDecodeStack | None:
-        """The C++ decode stack for this model (built at the first forward, after loading), or None."""
+    def native_layer_stack(self) -> NativeLayerStack | None:
+        """The C++ layer stack for this model (built at the first forward, after loading), or None."""
         if "_native_stack" not in self.__dict__:
-            self.__dict__["_native_stack"] = NativeDecodeStack.build(self)
+            self.__dict__["_native_stack"] = NativeLayerStack.build(self)
         return self.__dict__["_native_stack"]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tokenmill.kernels import cpu_ops
-from tokenmill.models.linear import Linear, LinearMethod
+from tokenmill.models.linear import Linear, LinearMethod, NativeLinear
 
 BLOCK = 32
 
@@ -150,6 +150,11 @@ class BlockLinearMethod(LinearMethod):
         op = torch.ops.tokenmill.q4_linear if layer.bits == 4 else torch.ops.tokenmill.q8_linear
         y = op(x.reshape(-1, layer.in_features), layer.records, layer.out_features, layer.bias)
         return y.view(*lead, layer.out_features)
+
+    def native(self, layer: Linear) -> NativeLinear | None:
+        if layer.records is None:
+            return None
+        return NativeLinear(2 if layer.bits == 4 else 3, layer.records, layer.bias)
 
 
 def _concat(shards: list[tuple[slice, BlockQuantized]], n: int, bits: int) -> BlockQuantized:

@@ -15,7 +15,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from tokenmill.models.linear import Linear, LinearMethod
+from tokenmill.models.linear import Linear, LinearMethod, NativeLinear
 from tokenmill.quant.awq_gptq import read_awq_linear, read_gptq_linear
 from tokenmill.quant.blocks import BlockLinearMethod, BlockQuantized, quantize_q8
 from tokenmill.quant.unquantized import UnquantizedConfig
@@ -108,6 +108,9 @@ class CheckpointBlockMethod(BlockLinearMethod):
         if layer.input_perm is not None:
             x = x.index_select(-1, layer.input_perm)
         return super().apply(layer, x)
+
+    def native(self, layer: Linear) -> NativeLinear | None:
+        return None if layer.input_perm is not None else super().native(layer)  # C++ callers do not permute
 
 
 def _unpermute(w_permuted: torch.Tensor, perm: torch.Tensor | None) -> torch.Tensor:

@@ -49,10 +49,12 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
 at::Tensor silu_and_mul(const at::Tensor& gate_up);
 void rotary_(at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
 
-// decode_stack.cpp: a pure decode step through a Llama-family layer stack (the kernels above, in order)
-std::vector<at::Tensor> decode_layers(const at::Tensor& x, at::TensorList weights, at::TensorList kv,
-                                      const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& slots,
-                                      const at::Tensor& block_tables, const at::Tensor& seq_lens,
-                                      at::IntArrayRef dims, at::IntArrayRef layer_ints, double eps, double scale);
+// layer_stack.cpp: a step (decodes and prompt chunks) through a Llama-family layer stack (the kernels
+// above, in order)
+std::vector<at::Tensor> layer_stack(const at::Tensor& x, at::TensorList weights, at::TensorList kv,
+                                    const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& slots,
+                                    const at::Tensor& decode_rows, const at::Tensor& block_tables,
+                                    const at::Tensor& seq_lens, at::IntArrayRef chunk_ints, at::TensorList chunk_blocks,
+                                    at::IntArrayRef dims, at::IntArrayRef layer_ints, double eps, double scale);
 
 }  // namespace tokenmill_ops

@@ -37,8 +37,9 @@ TORCH_LIBRARY(tokenmill, m) {
   m.def("rotary_(Tensor(a!) x, Tensor cos, Tensor sin) -> ()");
 
   // writes the caches (kv) and the embeddings x, which become the residual stream
-  m.def("decode_layers(Tensor(a!) x, Tensor[] weights, Tensor(b!)[] kv, Tensor cos, Tensor sin, Tensor slots, "
-        "Tensor block_tables, Tensor seq_lens, int[] dims, int[] layer_ints, float eps, float scale) -> Tensor[]");
+  m.def("layer_stack(Tensor(a!) x, Tensor[] weights, Tensor(b!)[] kv, Tensor cos, Tensor sin, Tensor slots, "
+        "Tensor decode_rows, Tensor block_tables, Tensor seq_lens, int[] chunk_ints, Tensor[] chunk_blocks, "
+        "int[] dims, int[] layer_ints, float eps, float scale) -> Tensor[]");
 }
 
 TORCH_LIBRARY_IMPL(tokenmill, CPU, m) {
@@ -62,5 +63,5 @@ TORCH_LIBRARY_IMPL(tokenmill, CPU, m) {
   m.impl("rms_norm", &rms_norm);
   m.impl("silu_and_mul", &silu_and_mul);
   m.impl("rotary_", &rotary_);
-  m.impl("decode_layers", &decode_layers);
+  m.impl("layer_stack", &layer_stack);
 }
