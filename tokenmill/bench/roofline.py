@@ -42,14 +42,18 @@ def model_flops_per_token(cfg, context: float) -> float:
 
 def weight_bytes(model) -> int:
     """Bytes of weights read per decoded token: every parameter as stored (a packed linear weight
-    in its packed dtype, not the shape-only placeholder left behind), except the embedding table (a
-    few rows per token; a tied lm_head reads it whole, counted there)."""
+    in its packed dtype, block-quantized records as they are, not the shape-only placeholder left
+    behind), except the embedding table (a few rows per token; a tied lm_head reads it whole,
+    counted there)."""
     from tokenmill.models.linear import Linear
     total = 0
     for module in model.modules():
         if module is model.embed_tokens:
             continue
-        packed = getattr(module, "packed", None) if isinstance(module, Linear) else None
+        packed = None
+        if isinstance(module, Linear):
+            packed = getattr(module, "packed", None)
+            packed = getattr(module, "records", None) if packed is None else packed
         for name, p in module.named_parameters(recurse=False):
             stored = packed if name == "weight" and packed is not None else p
             total += stored.numel() * stored.element_size()
@@ -157,6 +161,9 @@ def run(args: argparse.Namespace) -> int:
     res["prefill"] = {**pre, "mfu": pre["gflops"] / res["matmul_peak_gflops"],
                       "of_panel_peak": pre["gflops"] / res["panel_gemm_peak_gflops"]
                       if res["panel_gemm_peak_gflops"] else None}
+    if engine.config.model.quantization not in (None, "none"):
+        res["prefill"]["note"] = ("block-quantized weights multiply int8 codes (VNNI where the CPU has it): "
+                                  "MFU is against the float matmul peak and can pass 1")
     one = measure_decode(llm, batch=1)
     ctx = 256 + 4
     bytes_per_token = weight_bytes(engine.runner.model) + ctx * engine.runner.kv_bytes_per_token

@@ -4,6 +4,8 @@ Input is one flat token batch; attention goes through the attention backend. MoE
 attention and decoder layer with another MLP (`mlp_factory`)."""
 from __future__ import annotations
 
+import logging
+
 import torch
 from torch import nn
 
@@ -14,6 +16,8 @@ from tokenmill.models.linear import Linear
 from tokenmill.models.model_config import ModelConfig
 from tokenmill.models.native_stack import NativeLayerStack
 from tokenmill.quant import QuantConfig
+
+logger = logging.getLogger(__name__)
 
 
 class Attention(nn.Module):
@@ -117,7 +121,11 @@ class LlamaForCausalLM(CausalLM):
     def native_layer_stack(self) -> NativeLayerStack | None:
         """The C++ layer stack for this model (built at the first forward, after loading), or None."""
         if "_native_stack" not in self.__dict__:
-            self.__dict__["_native_stack"] = NativeLayerStack.build(self)
+            stack = self.__dict__["_native_stack"] = NativeLayerStack.build(self)
+            logger.info("layers: %s", "Python modules (no C++ layer stack for these layers or weights, or "
+                        "TOKENMILL_NATIVE_STACK=0)" if stack is None else "one C++ call a step (%s; TOKENMILL_NATIVE_STACK=0 "
+                        "runs the Python modules)" % ("pure decode steps only" if stack.decode_only else
+                                                      "decodes and prompt chunks"))
         return self.__dict__["_native_stack"]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
