@@ -209,3 +209,18 @@ def test_weight_and_kv_quantization_combine(tiny_gguf):
         assert llm.llm_engine.config.model.quantization == "gguf"
         outs[kv] = llm.generate(prompt, params, use_tqdm=False)[0].outputs[0].token_ids
     assert len(outs["int8"]) == len(outs["auto"]) == 12
+
+
+@needs_kernels
+def test_greedy_head_on_blocks_gives_the_logits_tokens(tiny_gguf):
+    """The 4-bit LM head's greedy tokens come from q_argmax_linear (no logits) unless logprobs are asked
+    for (logits, then argmax): the same tokens either way."""
+    llm = LLM(str(tiny_gguf), dtype="float32", kv_cache_memory_gb=0.01)
+    model = llm.llm_engine.runner.model
+    hidden = torch.randn(5, model.config.hidden_size)
+    assert torch.equal(model.greedy_tokens(hidden, 64), model.compute_logits(hidden)[:, :64].argmax(-1))
+    prompts = [{"prompt_token_ids": [5, 6, 7, 8]}, {"prompt_token_ids": list(range(3, 30))}]
+    greedy = SamplingParams(max_tokens=10, temperature=0, ignore_eos=True)
+    scored = SamplingParams(max_tokens=10, temperature=0, ignore_eos=True, logprobs=1)
+    assert [o.outputs[0].token_ids for o in llm.generate(prompts, greedy, use_tqdm=False)] == \
+        [o.outputs[0].token_ids for o in llm.generate(prompts, scored, use_tqdm=False)]

@@ -24,7 +24,7 @@ _CSRC = Path(__file__).parent / "csrc"
 _SOURCES = [_CSRC / name for name in ("paged_decode.cpp", "decode_avx512.cpp", "register_ops.cpp", "gemm_avx512.cpp",
                                       "quant_gemm.cpp", "gemm_pair_avx512.cpp", "prefill_attention.cpp",
                                       "panel_gemm.cpp", "layer_ops.cpp", "bf16_gemm.cpp", "kv_store.cpp", "cpu_isa.cpp",
-                                      "quant_avx512.cpp", "layer_stack.cpp")]
+                                      "quant_avx512.cpp", "layer_stack.cpp", "quant_argmax.cpp")]
 
 
 def _baseline_flags() -> list[str]:

@@ -151,6 +151,12 @@ class BlockLinearMethod(LinearMethod):
         y = op(x.reshape(-1, layer.in_features), layer.records, layer.out_features, layer.bias)
         return y.view(*lead, layer.out_features)
 
+    def apply_argmax(self, layer: Linear, x: torch.Tensor, n_valid: int) -> torch.Tensor | None:
+        """Greedy tokens without the logits (csrc/quant_argmax.cpp): the q4/q8_linear values, bit for bit."""
+        if layer.records is None or layer.bias is not None or x.dim() != 2 or x.dtype != torch.float32:
+            return None
+        return torch.ops.tokenmill.q_argmax_linear(x, layer.records, layer.bits, layer.out_features, n_valid)
+
     def native(self, layer: Linear) -> NativeLinear | None:
         if layer.records is None:
             return None

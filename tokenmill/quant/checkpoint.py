@@ -112,6 +112,9 @@ class CheckpointBlockMethod(BlockLinearMethod):
     def native(self, layer: Linear) -> NativeLinear | None:
         return None if layer.input_perm is not None else super().native(layer)  # C++ callers do not permute
 
+    def apply_argmax(self, layer: Linear, x: torch.Tensor, n_valid: int) -> torch.Tensor | None:
+        return None if layer.input_perm is not None else super().apply_argmax(layer, x, n_valid)
+
 
 def _unpermute(w_permuted: torch.Tensor, perm: torch.Tensor | None) -> torch.Tensor:
     if perm is None:

@@ -34,6 +34,8 @@ at::Tensor q4_linear(const at::Tensor& x, const at::Tensor& records, int64_t N, 
 at::Tensor q8_linear(const at::Tensor& x, const at::Tensor& records, int64_t N, const c10::optional<at::Tensor>& bias);
 at::Tensor q_dequantize(const at::Tensor& records, int64_t bits, int64_t N, int64_t K);
 at::Tensor q_dequantize_rows(const at::Tensor& records, int64_t bits, int64_t N, int64_t K, const at::Tensor& ids);
+// quant_argmax.cpp: greedy tokens from a block-quantized LM head, without the logits
+at::Tensor q_argmax_linear(const at::Tensor& x, const at::Tensor& records, int64_t bits, int64_t N, int64_t n_valid);
 
 // paged_decode.cpp, prefill_attention.cpp, kv_store.cpp: attention over the paged KV cache
 at::Tensor paged_decode(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,

@@ -19,6 +19,7 @@
 
 #include "cpu_isa.h"
 #include "ops.h"
+#include "quant_acts.h"
 #include "quant_isa.h"
 
 #ifdef __AVX2__
@@ -209,59 +210,11 @@ void q8_group_rows(const uint8_t* rec, const QActs& a, int64_t row0, int64_t M, 
 
 namespace {
 
-using RowsFn = void (*)(const uint8_t*, const QActs&, int64_t, int64_t, const float*, float*, int64_t, int64_t);
+using tokenmill_quant::pick;
+using tokenmill_quant::QActsStorage;
+using tokenmill_quant::quantize_rows;
+using tokenmill_quant::RowsFn;
 
-struct QActsStorage {
-  at::Tensor codes, scales;  // one allocation each: [qx | qxu] bytes, [dx | sx] floats
-  QActs view;
-};
-
-// x [M, K] float32 -> int8 codes per row and 32-block (quant_isa.h)
-QActsStorage quantize_rows(const at::Tensor& x) {
-  const int64_t M = x.size(0), K = x.size(1), nb = K / kBlockK;
-  QActsStorage s;
-  s.codes = tokenmill_ops::new_tensor({2 * M * K}, x.options().dtype(at::kByte));
-  s.scales = tokenmill_ops::new_tensor({2 * M * nb}, x.options().dtype(at::kFloat));
-  const float* xp = x.data_ptr<float>();
-  int8_t* q = reinterpret_cast<int8_t*>(s.codes.data_ptr<uint8_t>());
-  uint8_t* qu = s.codes.data_ptr<uint8_t>() + M * K;
-  float* dx = s.scales.data_ptr<float>();
-  float* sx = dx + M * nb;
-  at::parallel_for(0, M * nb, 64, [&](int64_t begin, int64_t end) {
-    for (int64_t t = begin; t < end; ++t) {
-      const float* v = xp + (t / nb) * K + (t % nb) * kBlockK;
-      float amax = 0.f;
-      for (int k = 0; k < kBlockK; ++k) amax = std::max(amax, std::fabs(v[k]));
-      const float d = amax / 127.f, id = d > 0.f ? 127.f / amax : 0.f;
-      int32_t sum = 0;
-      int8_t* qb = q + (t / nb) * K + (t % nb) * kBlockK;
-      uint8_t* qub = qu + (t / nb) * K + (t % nb) * kBlockK;
-      for (int k = 0; k < kBlockK; ++k) {
-        const int32_t c = static_cast<int32_t>(std::nearbyint(v[k] * id));
-        qb[k] = static_cast<int8_t>(c);
-        qub[k] = static_cast<uint8_t>(c + 128);
-        sum += c;
-      }
-      dx[t] = d;
-      sx[t] = d * static_cast<float>(sum);
-    }
-  });
-  s.view = QActs{q, qu, dx, sx, K, nb};
-  return s;
-}
-
-RowsFn pick(bool q4) {
-  using tokenmill_isa::Level;
-  const auto level = tokenmill_isa::active_level();
-#if defined(__x86_64__) && defined(__GNUC__)
-  if (level >= Level::kAvx512 && tokenmill_isa::cpu_isa().avx512vnni)
-    return q4 ? tm_avx512_vnni::q4_group_rows : tm_avx512_vnni::q8_group_rows;
-#endif
-#ifdef __AVX2__
-  if (level >= Level::kAvx2) return q4 ? tm_avx2_quant::q4_group_rows : tm_avx2_quant::q8_group_rows;
-#endif
-  return q4 ? tm_scalar_quant::q4_group_rows : tm_scalar_quant::q8_group_rows;
-}
 
 at::Tensor q_linear(const at::Tensor& x, const at::Tensor& records, int64_t N, const c10::optional<at::Tensor>& bias,
                     bool q4) {

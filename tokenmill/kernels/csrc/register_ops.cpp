@@ -22,6 +22,7 @@ TORCH_LIBRARY(tokenmill, m) {
   m.def("pack_q8(Tensor codes, Tensor d) -> Tensor");
   m.def("q4_linear(Tensor x, Tensor records, int N, Tensor? bias) -> Tensor");
   m.def("q8_linear(Tensor x, Tensor records, int N, Tensor? bias) -> Tensor");
+  m.def("q_argmax_linear(Tensor x, Tensor records, int bits, int N, int n_valid) -> Tensor");
   m.def("q_dequantize(Tensor records, int bits, int N, int K) -> Tensor");
   m.def("q_dequantize_rows(Tensor records, int bits, int N, int K, Tensor ids) -> Tensor");
 
@@ -54,6 +55,7 @@ TORCH_LIBRARY_IMPL(tokenmill, CPU, m) {
   m.impl("pack_q8", &pack_q8);
   m.impl("q4_linear", &q4_linear);
   m.impl("q8_linear", &q8_linear);
+  m.impl("q_argmax_linear", &q_argmax_linear);
   m.impl("q_dequantize", &q_dequantize);
   m.impl("q_dequantize_rows", &q_dequantize_rows);
   m.impl("paged_decode", &paged_decode);
