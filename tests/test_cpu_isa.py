@@ -122,6 +122,55 @@ def test_paged_decode_every_level(level, dtype, heads, kv_heads, d, restore_isa)
         torch.set_num_threads(threads)
 
 
+@pytest.mark.parametrize("level", ["avx512", "avx2", "scalar"])
+@pytest.mark.parametrize("kv", ["float32", "bfloat16", "int8", "float8_e4m3fn"])
+def test_paged_decode_splits_long_contexts(level, kv, restore_isa):
+    """One or two long contexts leave threads idle when tasks are whole KV heads, so their contexts
+    are cut into pieces joined by log-sum-exp. Against float64 (1e-5 absolute; the quantized caches
+    against their dequantized values) on 1 to 4 threads, with and without a sliding window, beside a
+    short sequence; the cut really happens (the bits differ from batch-invariant mode, which never
+    cuts, by under 1e-5), and batch-invariant mode gives one sequence the same bits alone and in a
+    batch, on any thread count."""
+    from tokenmill.attention.kv_cache import dequantize, quantize
+    if level not in cpu_ops.runnable_levels():
+        pytest.skip(f"this CPU cannot run {level}")
+    cpu_ops.set_isa(level)
+    g = torch.Generator().manual_seed(7)
+    bs, nblocks, heads, kv_heads, d = 16, 600, 9, 3, 64
+    raw = [torch.randn(nblocks * bs, kv_heads, d, generator=g) for _ in range(2)]
+    if kv in ("int8", "float8_e4m3fn"):
+        packed = [quantize(x, getattr(torch, kv)) for x in raw]
+        cache = (packed[0][0], packed[1][0], packed[0][1], packed[1][1])
+        ref_cache = tuple(dequantize(*p) for p in packed)
+    else:
+        cache = ref_cache = tuple(x.to(getattr(torch, kv)) for x in raw)
+    lens = torch.tensor([3000, 40, 1700])
+    tables = torch.randperm(nblocks, generator=g)[:3 * 190].view(3, 190).contiguous()
+    q = torch.randn(3, heads, d, generator=g)
+    threads = torch.get_num_threads()
+    try:
+        for window in (0, 700):
+            for n, t in ((1, 2), (1, 3), (2, 2), (3, 4), (3, 1)):
+                torch.set_num_threads(t)
+                out = cpu_ops.paged_decode(q[:n], cache, tables[:n], lens[:n], bs, d ** -0.5, window)
+                ref = _decode_reference(q[:n], ref_cache, tables[:n], lens[:n], bs, window)
+                assert (out.double() - ref).abs().max() < 1e-5, (window, n, t)
+        torch.set_num_threads(2)
+        split = cpu_ops.paged_decode(q[:1], cache, tables[:1], lens[:1], bs, d ** -0.5)
+        previous = cpu_ops.set_batch_invariant(True)
+        try:
+            whole = cpu_ops.paged_decode(q[:1], cache, tables[:1], lens[:1], bs, d ** -0.5)
+            assert not torch.equal(split, whole) and (split - whole).abs().max() < 1e-5
+            for t in (1, 3):
+                torch.set_num_threads(t)
+                batched = cpu_ops.paged_decode(q, cache, tables, lens, bs, d ** -0.5)
+                assert torch.equal(batched[:1], whole)
+        finally:
+            cpu_ops.set_batch_invariant(previous)
+    finally:
+        torch.set_num_threads(threads)
+
+
 def test_set_isa_caps_at_what_the_cpu_has(restore_isa):
     best = cpu_ops.runnable_levels()[0]
     env_cap = os.environ.get("TOKENMILL_CPU_ISA") or "auto"  # auto returns to the process's own cap

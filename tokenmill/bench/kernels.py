@@ -15,8 +15,11 @@
              levels alternated; GB/s of K/V read; then ns per token with the K/V in cache
   blocks     paged_decode (bf16 cache in huge pages, scattered blocks, DRAM) by KV block size 16-128,
              on each decode level this CPU runs (AVX-512, AVX2)
+  split      paged_decode at 1-2 sequences of 1k-16k tokens (bf16 cache, 30 layers' caches in turn,
+             DRAM): long contexts cut into pieces (the default) vs whole (batch-invariant mode), on
+             each decode level this CPU runs
 
-    python -m tokenmill.bench.kernels [--threads 2] [--only attention,prefill,gemm,isa,decode,blocks]
+    python -m tokenmill.bench.kernels [--threads 2] [--only attention,prefill,gemm,isa,decode,blocks,split]
 """
 from __future__ import annotations
 
@@ -231,10 +234,49 @@ def decode_isa(heads: int = 9, kv_heads: int = 3, d: int = 64, bs: int = 16, num
               ", ".join(f"{lv} {t * 1e9:.1f} ns per token" for lv, t in per_token.items()))
 
 
+def decode_split(heads: int = 9, kv_heads: int = 3, d: int = 64, bs: int = 16, layers: int = 30,
+                 rounds: int = 8) -> None:
+    """Few long contexts: paged_decode's pieces joined by log-sum-exp against whole contexts (tasks of
+    one KV head each, what batch-invariant mode keeps). One model step's worth of distinct caches per
+    round (512 MB at least), the two alternated pass by pass; median time per layer call and GB/s of
+    K/V read."""
+    import statistics
+    from tokenmill.kernels import cpu_ops
+    levels = [lv for lv in ("avx512", "avx2") if lv in cpu_ops.runnable_levels()]
+    g = torch.Generator().manual_seed(0)
+    for context in (1024, 4096, 16384):
+        for batch in (1, 2):
+            nb = context // bs
+            nbytes = batch * context * kv_heads * d * 2 * 2
+            # at least 30 layers and 512 MB of caches: no call finds its K/V in a (large, VM) L3
+            count = max(layers, -(-(512 << 20) // nbytes))
+            caches = [tuple(torch.empty(batch * nb * bs, kv_heads, d, dtype=torch.bfloat16).normal_(generator=g)
+                            for _ in range(2)) for _ in range(count)]
+            tables = torch.randperm(batch * nb, generator=g).view(batch, nb).contiguous()
+            lens = torch.full((batch,), context)
+            q = torch.randn(batch, heads, d, generator=g)
+            for lv in levels:
+                cpu_ops.set_isa(lv)
+                times: dict[str, list[float]] = {"whole": [], "pieces": []}
+                for _ in range(rounds):
+                    for mode in ("whole", "pieces"):  # a pass over every cache each
+                        previous = cpu_ops.set_batch_invariant(mode == "whole")
+                        for cache in caches:
+                            t0 = time.perf_counter()
+                            cpu_ops.paged_decode(q, cache, tables, lens, bs, d ** -0.5)
+                            times[mode].append(time.perf_counter() - t0)
+                        cpu_ops.set_batch_invariant(previous)
+                med = {m: statistics.median(t) for m, t in times.items()}
+                print(f"split {lv} context {context} batch {batch} ({torch.get_num_threads()} threads): " +
+                      ", ".join(f"{m} {t * 1e6:.0f} us ({nbytes / t / 1e9:.1f} GB/s)" for m, t in med.items()) +
+                      f"; whole / pieces time {med['whole'] / med['pieces']:.2f}x")
+            cpu_ops.set_isa("auto")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--threads", type=int, default=None)
-    p.add_argument("--only", default="attention,prefill,gemm,isa,decode,blocks", help="comma-separated sections")
+    p.add_argument("--only", default="attention,prefill,gemm,isa,decode,blocks,split", help="comma-separated sections")
     args = p.parse_args(argv)
     from tokenmill.kernels import cpu_ops
     if not cpu_ops.load():
@@ -243,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     sections = {"attention": attention, "prefill": prefill_attention, "gemm": gemm, "isa": gemm_isa,
-                "decode": decode_isa, "blocks": decode_blocks}
+                "decode": decode_isa, "blocks": decode_blocks, "split": decode_split}
     for name in args.only.split(","):
         if name not in sections:
             print(f"error: --only takes {', '.join(sections)}; got {name!r}", file=sys.stderr)

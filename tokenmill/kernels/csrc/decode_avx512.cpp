@@ -16,6 +16,7 @@
 //   heads, D 64, bf16), the kernel read its K/V from DRAM 1.27x faster on an Emerald Rapids VM and ran
 //   1.15x faster in cache (docs/BENCHMARKS.md, machine D, session 30).
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -74,12 +75,13 @@ inline __m512 reduce_folded(const float* b) {
 
 using tm_avx512_math::exp512;
 
-// s[0:n] = exp(s - max(s)) in place; returns 1 / their sum.
-inline float softmax_numerators(float* s, int64_t n) {
+// s[0:n] = exp(s - max(s)) in place; returns 1 / their sum, and the max in *max_out.
+inline float softmax_numerators(float* s, int64_t n, float* max_out) {
   __m512 m = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
   for (int64_t i = 0; i < n; i += 16)
     m = _mm512_max_ps(m, _mm512_mask_loadu_ps(m, first_lanes(n - i), s + i));
-  const __m512 mx = _mm512_set1_ps(_mm512_reduce_max_ps(m));
+  *max_out = _mm512_reduce_max_ps(m);
+  const __m512 mx = _mm512_set1_ps(*max_out);
   __m512 sum = _mm512_setzero_ps();
   for (int64_t i = 0; i < n; i += 16) {
     const __mmask16 k = first_lanes(n - i);
@@ -174,7 +176,7 @@ inline void value_tile(const float* p, int64_t ld, const T* v, const int64_t* sl
 }
 
 template <int G, int ND, typename T>
-void decode_seq(const float* q, const T* k, const T* v, const int64_t* slots, int64_t len, float* out,
+void decode_seq(const float* q, const T* k, const T* v, const int64_t* slots, int64_t len, float* out, float* lse,
                 int64_t Hkv, int64_t h0, int64_t h1, float scale, float* scratch) {
   constexpr int64_t D = 32 * ND, per_head = G * D;  // floats of q (or o) per KV head
   const int64_t nh = h1 - h0, row = Hkv * D;
@@ -199,7 +201,11 @@ void decode_seq(const float* q, const T* k, const T* v, const int64_t* slots, in
                         slots + a, na);
   }
   float inv[8 * 128];  // 1 / softmax denominators, one per query head (G <= 8, Hkv <= 128 on this path)
-  for (int64_t r = 0; r < nh * G; ++r) inv[r] = softmax_numerators(s + r * len, len);
+  for (int64_t r = 0; r < nh * G; ++r) {
+    float mx;
+    inv[r] = softmax_numerators(s + r * len, len, &mx);
+    if (lse != nullptr) lse[h0 * G + r] = mx - std::log(inv[r]);
+  }
   for (int64_t t0 = 0; t0 < len; t0 += TB) {
     const int64_t n = std::min(TB, len - t0);
     if (t0 == 0) prefetch_rows(v, slots, std::min(2 * TB, len), row);
@@ -218,11 +224,11 @@ void decode_seq(const float* q, const T* k, const T* v, const int64_t* slots, in
 }
 
 template <typename T>
-bool dispatch(const float* q, const T* k, const T* v, const int64_t* slots, int64_t len, float* out, int64_t G,
-              int64_t Hkv, int64_t h0, int64_t h1, int64_t D, float scale, float* scratch) {
+bool dispatch(const float* q, const T* k, const T* v, const int64_t* slots, int64_t len, float* out, float* lse,
+              int64_t G, int64_t Hkv, int64_t h0, int64_t h1, int64_t D, float scale, float* scratch) {
 #define TM_CASE(g, nd)                                                                          \
   if (G == g && D == 32 * nd) {                                                                 \
-    decode_seq<g, nd>(q, k, v, slots, len, out, Hkv, h0, h1, scale, scratch);                  \
+    decode_seq<g, nd>(q, k, v, slots, len, out, lse, Hkv, h0, h1, scale, scratch);                  \
     return true;                                                                                \
   }
 #define TM_G(g) TM_CASE(g, 1) TM_CASE(g, 2) TM_CASE(g, 3) TM_CASE(g, 4)
@@ -260,14 +266,14 @@ int64_t decode_scratch_floats(int64_t G, int64_t len, int64_t D, int64_t heads) 
 }
 
 bool decode_heads(const float* q, const void* k, const void* v, bool bf16, const int64_t* slots, int64_t len,
-                  float* out, int64_t G, int64_t Hkv, int64_t h0, int64_t h1, int64_t D, float scale,
+                  float* out, float* lse, int64_t G, int64_t Hkv, int64_t h0, int64_t h1, int64_t D, float scale,
                   float* scratch) {
   if (len <= 0 || Hkv > 128) return false;
   if (bf16)
     return tm_avx512_decode::dispatch(q, static_cast<const uint16_t*>(k), static_cast<const uint16_t*>(v), slots,
-                                      len, out, G, Hkv, h0, h1, D, scale, scratch);
+                                      len, out, lse, G, Hkv, h0, h1, D, scale, scratch);
   return tm_avx512_decode::dispatch(q, static_cast<const float*>(k), static_cast<const float*>(v), slots, len, out,
-                                    G, Hkv, h0, h1, D, scale, scratch);
+                                    lse, G, Hkv, h0, h1, D, scale, scratch);
 }
 
 }  // namespace tm_avx512
@@ -280,8 +286,8 @@ namespace tm_avx512 {
 float row_max(const float*, int64_t) { std::abort(); }
 float exp_sub_sum(float*, int64_t, float) { std::abort(); }
 int64_t decode_scratch_floats(int64_t, int64_t, int64_t, int64_t) { return 0; }
-bool decode_heads(const float*, const void*, const void*, bool, const int64_t*, int64_t, float*, int64_t, int64_t,
-                  int64_t, int64_t, int64_t, float, float*) {
+bool decode_heads(const float*, const void*, const void*, bool, const int64_t*, int64_t, float*, float*, int64_t,
+                  int64_t, int64_t, int64_t, int64_t, float, float*) {
   return false;
 }
 }  // namespace tm_avx512

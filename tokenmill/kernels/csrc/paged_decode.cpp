@@ -13,6 +13,7 @@
 
 #include "cpu_isa.h"
 #include "decode_isa.h"
+#include "decode_plan.h"
 #include "ops.h"
 #include "vec_math.h"
 
@@ -24,9 +25,13 @@
 #include <cmath>
 #include <limits>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace {
+
+using tokenmill_decode::DecodePlan;
+using tokenmill_decode::DecodeTask;
 
 template <typename T>
 inline float to_float(T x) { return static_cast<float>(x); }
@@ -153,11 +158,13 @@ inline void weighted_sum(const float* const* p, const T* const* rows, int64_t n,
 #endif
 
 
-// In-place softmax of n scores, float32, max-subtracted.
-inline void softmax(float* s, int64_t n) {
-  const float sum = exp_sub_sum(s, n, row_max(s, n));
+// In-place softmax of n scores, float32, max-subtracted; returns their log-sum-exp.
+inline float softmax(float* s, int64_t n) {
+  const float mx = row_max(s, n);
+  const float sum = exp_sub_sum(s, n, mx);
   const float inv = 1.f / sum;
   for (int64_t j = 0; j < n; ++j) s[j] *= inv;
+  return mx + std::log(sum);
 }
 
 template <typename T>
@@ -169,12 +176,13 @@ inline float dot(const float* q, const T* k, int64_t D) {
 }
 
 // One task: one sequence, KV heads [h0, h1) and their G query heads each. Scores [(h - h0) * G + g, len].
+// lse: null, or [H] receiving the task's query heads' log-sum-exp (decode_isa.h).
 // Pass 1 walks the tokens once for all the task's heads, so each K row (Hkv x D, contiguous) streams
 // through once. Fast path (AVX2, D % 8 == 0, G instantiated): FG = G; else FG = 0 (portable loops).
 template <int FG, typename T>
 void attend_heads(const float* q, const T* k, const T* v, const void* k_scale, const void* v_scale, bool log8,
-                  const int64_t* slots, int64_t len, float* out, int64_t G, int64_t Hkv, int64_t h0, int64_t h1,
-                  int64_t D, float scale, std::vector<float>& scores, std::vector<const T*>& rows) {
+                  const int64_t* slots, int64_t len, float* out, float* lse, int64_t G, int64_t Hkv, int64_t h0,
+                  int64_t h1, int64_t D, float scale, std::vector<float>& scores, std::vector<const T*>& rows) {
   const int64_t nh = (h1 - h0) * G;
   scores.resize(nh * len);
   rows.resize(len);
@@ -206,7 +214,8 @@ void attend_heads(const float* q, const T* k, const T* v, const void* k_scale, c
       for (int64_t i = 0; i < len; ++i) s[i] *= scale * scale_of(k_scale, log8, row_of(i, h));
     else
       for (int64_t i = 0; i < len; ++i) s[i] *= scale;
-    softmax(s, len);
+    const float l = softmax(s, len);
+    if (lse != nullptr) lse[h0 * G + j] = l;
     if (v_scale != nullptr)  // fold V's per-row scale into the weights
       for (int64_t i = 0; i < len; ++i) s[i] *= scale_of(v_scale, log8, row_of(i, h));
   }
@@ -235,27 +244,26 @@ void attend_heads(const float* q, const T* k, const T* v, const void* k_scale, c
   }
 }
 
+// Tokens [t0, t0 + len) of one sequence's context (block table `table`), KV heads [h0, h1).
 template <typename T>
 void attend_one(const float* q, const T* k, const T* v, const void* k_scale, const void* v_scale, bool log8,
-                const int64_t* table, int64_t len, float* out, int64_t H, int64_t Hkv, int64_t D,
-                int64_t block_size, float scale, int64_t window, int64_t h0, int64_t h1, bool avx512,
+                const int64_t* table, int64_t t0, int64_t len, float* out, float* lse, int64_t H, int64_t Hkv,
+                int64_t D, int64_t block_size, float scale, int64_t h0, int64_t h1, bool avx512,
                 std::vector<float>& scores, std::vector<const T*>& rows, std::vector<int64_t>& slots) {
   const int64_t G = H / Hkv;
-  const int64_t first = window > 0 && len > window ? len - window : 0;  // the window's first token
-  len -= first;
-  slots.resize(len);  // slot of each visible token, walked block by block (no division per token)
-  for (int64_t t = 0, blk = first / block_size, i = first % block_size; t < len; ++blk, i = 0)
+  slots.resize(len);  // slot of each token, walked block by block (no division per token)
+  for (int64_t t = 0, blk = t0 / block_size, i = t0 % block_size; t < len; ++blk, i = 0)
     for (int64_t base = table[blk] * block_size; i < block_size && t < len; ++i) slots[t++] = base + i;
   if constexpr (std::is_same_v<T, float> || std::is_same_v<T, at::BFloat16>) {
     if (avx512 && k_scale == nullptr) {  // decode_avx512.cpp; false for shapes it has no path for
       scores.resize(tm_avx512::decode_scratch_floats(G, len, D, h1 - h0));
-      if (tm_avx512::decode_heads(q, k, v, std::is_same_v<T, at::BFloat16>, slots.data(), len, out, G, Hkv, h0, h1,
-                                  D, scale, scores.data()))
+      if (tm_avx512::decode_heads(q, k, v, std::is_same_v<T, at::BFloat16>, slots.data(), len, out, lse, G, Hkv, h0,
+                                  h1, D, scale, scores.data()))
         return;
     }
   }
   const bool fast = D % 8 == 0;
-#define TM_HEADS(FG) attend_heads<FG>(q, k, v, k_scale, v_scale, log8, slots.data(), len, out, G, Hkv, h0, h1, D, scale, scores, rows)
+#define TM_HEADS(FG) attend_heads<FG>(q, k, v, k_scale, v_scale, log8, slots.data(), len, out, lse, G, Hkv, h0, h1, D, scale, scores, rows)
   if (fast && G == 1) TM_HEADS(1);
   else if (fast && G == 2) TM_HEADS(2);
   else if (fast && G == 3) TM_HEADS(3);
@@ -266,26 +274,41 @@ void attend_one(const float* q, const T* k, const T* v, const void* k_scale, con
 #undef TM_HEADS
 }
 
-// Task ranges [bounds[i], bounds[i + 1]), one per thread, of about equal work (the K/V rows each
-// task reads, plus a fixed cost per task): contexts differ widely (W1: 64-768 tokens), so equal task
-// counts per thread left one thread waiting for the other.
-std::vector<int64_t> balanced_ranges(const int64_t* seq_lens, int64_t B, int64_t splits, int64_t window,
-                                     int64_t threads) {
-  constexpr int64_t kTaskCost = 32;  // rows' worth of per-task setup (slots, softmax, scratch)
-  const int64_t tasks = B * splits, n = std::max<int64_t>(1, std::min(threads, tasks));
-  std::vector<int64_t> cum(tasks + 1, 0);
-  for (int64_t t = 0; t < tasks; ++t) {
-    const int64_t len = seq_lens[t / splits];
-    cum[t + 1] = cum[t] + (window > 0 ? std::min(len, window) : len) + kTaskCost;
+// out[b] = the pieces' outputs of sequence b, each weighted by exp(its log-sum-exp - theirs): the
+// softmax over the whole context. Pieces of one sequence hold consecutive partial rows.
+void join_pieces(const DecodePlan& plan, const std::vector<float>& part_out, const std::vector<float>& part_lse,
+                 float* out, int64_t H, int64_t D) {
+  std::vector<std::pair<int64_t, int64_t>> seqs;  // (sequence, first partial row)
+  std::vector<int64_t> count;
+  for (const DecodeTask& t : plan.tasks) {
+    if (t.part < 0) continue;
+    if (seqs.empty() || seqs.back().first != t.b) {
+      seqs.emplace_back(t.b, t.part);
+      count.push_back(0);
+    }
+    count.back() = t.part - seqs.back().second + 1;
   }
-  std::vector<int64_t> bounds(n + 1, tasks);
-  bounds[0] = 0;
-  for (int64_t i = 1, t = 0; i < n; ++i) {  // first task whose range starts at or past i/n of the work
-    while (t < tasks && cum[t] * n < cum[tasks] * i) ++t;
-    if (t > bounds[i - 1] && cum[t] * n - cum[tasks] * i > cum[tasks] * i - cum[t - 1] * n) --t;  // the nearer edge
-    bounds[i] = t;
-  }
-  return bounds;
+  const int64_t jobs = static_cast<int64_t>(seqs.size()) * H;
+  at::parallel_for(0, jobs, 1, [&](int64_t first, int64_t last) {
+    std::vector<float> w;
+    for (int64_t job = first; job < last; ++job) {
+      const auto [b, p0] = seqs[job / H];
+      const int64_t h = job % H, n = count[job / H];
+      float mx = -std::numeric_limits<float>::infinity();
+      for (int64_t p = 0; p < n; ++p) mx = std::max(mx, part_lse[(p0 + p) * H + h]);
+      w.resize(n);
+      float total = 0.f;
+      for (int64_t p = 0; p < n; ++p) total += w[p] = std::exp(part_lse[(p0 + p) * H + h] - mx);
+      float* o = out + (b * H + h) * D;
+      std::fill(o, o + D, 0.f);
+      for (int64_t p = 0; p < n; ++p) {
+        const float wp = w[p] / total;
+        const float* x = part_out.data() + ((p0 + p) * H + h) * D;
+#pragma omp simd
+        for (int64_t d = 0; d < D; ++d) o[d] += wp * x[d];
+      }
+    }
+  });
 }
 
 template <typename T>
@@ -293,22 +316,24 @@ void decode_kernel(const float* q, const T* k, const T* v, const void* k_scale, 
                    bool log8, const int64_t* tables, const int64_t* seq_lens, float* out, int64_t B,
                    int64_t H, int64_t Hkv, int64_t D, int64_t max_blocks, int64_t block_size,
                    float scale, int64_t window) {
-  // Whole sequences per task when there are enough of them (contiguous rows); else split KV heads.
-  const int64_t splits = B >= 2 * at::get_num_threads() ? 1 : Hkv;
-  const int64_t per = Hkv / splits;
+  const int64_t threads = at::get_num_threads();
   const bool avx512 = tokenmill_isa::active_level() >= tokenmill_isa::Level::kAvx512;
-  const std::vector<int64_t> bounds = balanced_ranges(seq_lens, B, splits, window, at::get_num_threads());
+  const DecodePlan plan = tokenmill_decode::plan_decode(seq_lens, B, Hkv, window, threads, !tokenmill_isa::batch_invariant());
+  std::vector<float> part_out(plan.parts * H * D), part_lse(plan.parts * H);
+  const std::vector<int64_t> bounds = tokenmill_decode::balanced_ranges(plan.tasks, threads);
   at::parallel_for(0, static_cast<int64_t>(bounds.size()) - 1, 1, [&](int64_t first, int64_t last) {
     std::vector<float> scores;
     std::vector<const T*> rows;
     std::vector<int64_t> slots;
-    for (int64_t task = bounds[first]; task < bounds[last]; ++task) {
-      const int64_t b = task / splits, h0 = (task % splits) * per;
-      attend_one(q + b * H * D, k, v, k_scale, v_scale, log8, tables + b * max_blocks, seq_lens[b],
-                 out + b * H * D, H, Hkv, D, block_size, scale, window, h0, h0 + per, avx512, scores, rows,
-                 slots);
+    for (int64_t i = bounds[first]; i < bounds[last]; ++i) {
+      const DecodeTask& t = plan.tasks[i];
+      float* o = t.part < 0 ? out + t.b * H * D : part_out.data() + t.part * H * D;
+      float* lse = t.part < 0 ? nullptr : part_lse.data() + t.part * H;
+      attend_one(q + t.b * H * D, k, v, k_scale, v_scale, log8, tables + t.b * max_blocks, t.t0, t.t1 - t.t0, o, lse,
+                 H, Hkv, D, block_size, scale, t.h0, t.h1, avx512, scores, rows, slots);
     }
   });
+  if (plan.parts > 0) join_pieces(plan, part_out, part_lse, out, H, D);
 }
 
 }  // namespace

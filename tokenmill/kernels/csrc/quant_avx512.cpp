@@ -35,7 +35,8 @@ inline void store_rows(float* y, const float* bias, __m512 acc, int64_t ncols) {
 }
 
 // Independent int32 accumulators per row (4 for one row, 2 for two or more) hide vpdpbusd's latency.
-template <int MR>
+// Prefetch: this pass is the first over the group's records (rows from 0), which stream from DRAM.
+template <int MR, bool Prefetch>
 void q4_kernel(const uint8_t* rec, const QActs& a, int64_t row0, const float* bias, float* y, int64_t ldy,
                int64_t ncols) {
   constexpr int S = MR == 1 ? 4 : 2;
@@ -44,6 +45,7 @@ void q4_kernel(const uint8_t* rec, const QActs& a, int64_t row0, const float* bi
   for (int i = 0; i < MR; ++i) acc[i] = _mm512_setzero_ps();
   for (int64_t b = 0; b < a.nb; ++b) {
     const uint8_t* R = rec + b * kQ4Record;
+    if constexpr (Prefetch) tokenmill_quant::prefetch_record_ahead<kQ4Record>(R);
     __m512i lo[4], hi[4];
     for (int j = 0; j < 4; ++j) {
       const __m512i w = _mm512_loadu_si512(R + j * 64);
@@ -74,7 +76,7 @@ void q4_kernel(const uint8_t* rec, const QActs& a, int64_t row0, const float* bi
 
 // signed codes x signed activations: vpdpbusd takes (x + 128) as the unsigned operand, and the block's
 // 128 * sum(w) is taken back out in float (s = d * sum(codes) is stored per row and block)
-template <int MR>
+template <int MR, bool Prefetch>
 void q8_kernel(const uint8_t* rec, const QActs& a, int64_t row0, const float* bias, float* y, int64_t ldy,
                int64_t ncols) {
   constexpr int S = MR == 1 ? 4 : 2;
@@ -82,6 +84,7 @@ void q8_kernel(const uint8_t* rec, const QActs& a, int64_t row0, const float* bi
   for (int i = 0; i < MR; ++i) acc[i] = _mm512_setzero_ps();
   for (int64_t b = 0; b < a.nb; ++b) {
     const uint8_t* R = rec + b * kQ8Record;
+    if constexpr (Prefetch) tokenmill_quant::prefetch_record_ahead<kQ8Record>(R);
     __m512i w[8];
     for (int j = 0; j < 8; ++j) w[j] = _mm512_loadu_si512(R + j * 64);
     const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(R + 512)));
@@ -105,19 +108,21 @@ void q8_kernel(const uint8_t* rec, const QActs& a, int64_t row0, const float* bi
 }
 
 using Kernel = void (*)(const uint8_t*, const QActs&, int64_t, const float*, float*, int64_t, int64_t);
-constexpr Kernel kQ4[] = {nullptr, q4_kernel<1>, q4_kernel<2>, q4_kernel<3>, q4_kernel<4>};
-constexpr Kernel kQ8[] = {nullptr, q8_kernel<1>, q8_kernel<2>, q8_kernel<3>, q8_kernel<4>};
+constexpr Kernel kQ4[2][5] = {{nullptr, q4_kernel<1, false>, q4_kernel<2, false>, q4_kernel<3, false>, q4_kernel<4, false>},
+                               {nullptr, q4_kernel<1, true>, q4_kernel<2, true>, q4_kernel<3, true>, q4_kernel<4, true>}};
+constexpr Kernel kQ8[2][5] = {{nullptr, q8_kernel<1, false>, q8_kernel<2, false>, q8_kernel<3, false>, q8_kernel<4, false>},
+                               {nullptr, q8_kernel<1, true>, q8_kernel<2, true>, q8_kernel<3, true>, q8_kernel<4, true>}};
 
 }  // namespace
 
 void q4_group_rows(const uint8_t* rec, const QActs& a, int64_t row0, int64_t M, const float* bias, float* y,
                    int64_t ldy, int64_t ncols) {
-  kQ4[std::clamp<int64_t>(M, 1, 4)](rec, a, row0, bias, y, ldy, ncols);
+  kQ4[row0 == 0][std::clamp<int64_t>(M, 1, 4)](rec, a, row0, bias, y, ldy, ncols);
 }
 
 void q8_group_rows(const uint8_t* rec, const QActs& a, int64_t row0, int64_t M, const float* bias, float* y,
                    int64_t ldy, int64_t ncols) {
-  kQ8[std::clamp<int64_t>(M, 1, 4)](rec, a, row0, bias, y, ldy, ncols);
+  kQ8[row0 == 0][std::clamp<int64_t>(M, 1, 4)](rec, a, row0, bias, y, ldy, ncols);
 }
 
 }  // namespace tm_avx512_vnni

@@ -105,11 +105,13 @@ inline __m256i bcast4(const void* p) {
 }
 
 // rows h*8 .. h*8+7 of the group (one ymm half of each 64-byte record row)
-template <int MR>
+// Prefetch: the first pass over the group's records (half 0 of rows from 0), which stream from DRAM.
+template <int MR, bool Prefetch>
 void q4_half(const uint8_t* rec, const QActs& a, int64_t row0, int h, __m256 acc[MR]) {
   const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
   for (int64_t b = 0; b < a.nb; ++b) {
     const uint8_t* R = rec + b * kQ4Record;
+    if constexpr (Prefetch) tokenmill_quant::prefetch_record_ahead<kQ4Record>(R);
     __m256i lo[4], hi[4];
     for (int j = 0; j < 4; ++j) {
       const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(R + j * 64 + h * 32));
@@ -135,11 +137,12 @@ void q4_half(const uint8_t* rec, const QActs& a, int64_t row0, int h, __m256 acc
   }
 }
 
-template <int MR>
+template <int MR, bool Prefetch>
 void q8_half(const uint8_t* rec, const QActs& a, int64_t row0, int h, __m256 acc[MR]) {
   const __m256i ones = _mm256_set1_epi16(1);
   for (int64_t b = 0; b < a.nb; ++b) {
     const uint8_t* R = rec + b * kQ8Record;
+    if constexpr (Prefetch) tokenmill_quant::prefetch_record_ahead<kQ8Record>(R);
     __m256i w[8], aw[8];
     for (int j = 0; j < 8; ++j) {
       w[j] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(R + j * 64 + h * 32));
@@ -164,8 +167,9 @@ void group_rows(const uint8_t* rec, const QActs& a, int64_t row0, const float* b
   for (int h = 0; h < 2 && h * 8 < ncols; ++h) {
     __m256 acc[MR];
     for (int i = 0; i < MR; ++i) acc[i] = _mm256_setzero_ps();
-    if constexpr (Q4) q4_half<MR>(rec, a, row0, h, acc);
-    else q8_half<MR>(rec, a, row0, h, acc);
+    const bool first = h == 0 && row0 == 0;
+    if constexpr (Q4) first ? q4_half<MR, true>(rec, a, row0, h, acc) : q4_half<MR, false>(rec, a, row0, h, acc);
+    else first ? q8_half<MR, true>(rec, a, row0, h, acc) : q8_half<MR, false>(rec, a, row0, h, acc);
     alignas(32) float tmp[8];
     const int64_t cols = std::min<int64_t>(8, ncols - h * 8);
     for (int i = 0; i < MR; ++i) {

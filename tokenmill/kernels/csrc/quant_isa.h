@@ -23,6 +23,19 @@ constexpr int64_t kBlockK = 32;
 constexpr int64_t kQ4Record = 4 * 64 + 16 * 2 + 16 * 2;  // 320 bytes per 16 rows x 32 k
 constexpr int64_t kQ8Record = 8 * 64 + 16 * 2 + 16 * 4;  // 608
 
+// The record ~5 KB ahead of `record` (of `size` bytes) into L1, one prefetch a cache line, issued as
+// each record is read: the weights of a decode step stream from DRAM once, and the hardware
+// prefetcher alone ramps up too late in calls this small (the default model's linear layers hold
+// 200 KB-1.1 MB each). Measured on machine D (docs/BENCHMARKS.md, session 35): the 30 layers' q4
+// GEMVs 2.67 -> 2.24-2.38 ms, flat from 16 to 32 records ahead, less at 4-8 and at 64.
+constexpr int64_t kPrefetchBytes = 5120;
+template <int64_t Size>
+inline void prefetch_record_ahead(const uint8_t* record) {
+  constexpr int64_t ahead = (kPrefetchBytes + Size - 1) / Size * Size;
+#pragma GCC unroll 10
+  for (int64_t off = 0; off < Size; off += 64) __builtin_prefetch(record + ahead + off, 0, 3);
+}
+
 // Quantized activation rows: M rows of K int8 codes (qx, and qx + 128 as uint8 in qxu), nb = K / 32
 // scales dx and sums sx per row.
 struct QActs {
