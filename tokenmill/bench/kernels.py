@@ -15,7 +15,7 @@
              levels alternated; GB/s of K/V read; then ns per token with the K/V in cache
   blocks     paged_decode (bf16 cache in huge pages, scattered blocks, DRAM) by KV block size 16-128,
              on each decode level this CPU runs (AVX-512, AVX2)
-  split      paged_decode at 1-2 sequences of 1k-16k tokens (bf16 cache, 30 layers' caches in turn,
+  split      paged_decode at 1-2 sequences of 256-16k tokens (bf16 cache, 30 layers' caches in turn,
              DRAM): long contexts cut into pieces (the default) vs whole (batch-invariant mode), on
              each decode level this CPU runs
 
@@ -244,7 +244,7 @@ def decode_split(heads: int = 9, kv_heads: int = 3, d: int = 64, bs: int = 16, l
     from tokenmill.kernels import cpu_ops
     levels = [lv for lv in ("avx512", "avx2") if lv in cpu_ops.runnable_levels()]
     g = torch.Generator().manual_seed(0)
-    for context in (1024, 4096, 16384):
+    for context in (256, 1024, 4096, 16384):
         for batch in (1, 2):
             nb = context // bs
             nbytes = batch * context * kv_heads * d * 2 * 2
