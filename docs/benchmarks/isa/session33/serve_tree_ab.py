@@ -3,7 +3,8 @@ start; prints TTFT/TPOT p50/p99 and output tok/s of each run (for a change the o
 The servers run as compare_vllm_serve.py runs ours: the default model's float weights (--quantization none,
 dtype auto), max_model_len 8192, prompts measured with its tokenizer, seed 0.
     python docs/benchmarks/isa/session33/serve_tree_ab.py --a /tmp/base --b . --workload chat --rate 2 [--rounds 2]
-    [--env-b KEY=VALUE] (e.g. TOKENMILL_NATIVE_DECODE=0, to compare one tree with itself)"""
+    [--env-b KEY=VALUE] (e.g. TOKENMILL_NATIVE_DECODE=0, to compare one tree with itself)
+    [--quantization gguf] (session 35: the default model as shipped, its GGUF Q4_1 blocks; no --model flag)"""
 import argparse
 import json
 import os
@@ -31,13 +32,14 @@ def wait_ready(url: str, proc: subprocess.Popen) -> None:
     raise TimeoutError("server not ready")
 
 
-def one(tree: str, env_extra: dict, workload: str, rate: float, n: int, port: int) -> dict:
+def one(tree: str, env_extra: dict, workload: str, rate: float, n: int, port: int, quantization: str) -> dict:
     env = {**os.environ, "PYTHONPATH": str(Path(tree).resolve()), **env_extra}
     url = f"http://127.0.0.1:{port}"
     out = Path(tempfile.mkdtemp())
     with open(out / "server.log", "w") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "tokenmill", "serve", "--model", FOLDER, "--port", str(port),
-                                 "--dtype", "auto", "--quantization", "none", "--max-model-len", "8192",
+        weights = [] if quantization == "gguf" else ["--model", FOLDER, "--quantization", quantization]
+        proc = subprocess.Popen([sys.executable, "-m", "tokenmill", "serve", *weights, "--port", str(port),
+                                 "--dtype", "auto", "--max-model-len", "8192",
                                  "--disable-log-stats"], env=env, stdout=log, stderr=subprocess.STDOUT, cwd=tree)
         try:
             wait_ready(url, proc)
@@ -64,12 +66,13 @@ def main() -> None:
     p.add_argument("--rate", type=float, default=2.0)
     p.add_argument("--num-requests", type=int, default=60)
     p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--quantization", default="none")
     a = p.parse_args()
     env_b = dict(kv.split("=", 1) for kv in a.env_b)
     for r in range(a.rounds):
         for name in (("a", "b") if r % 2 == 0 else ("b", "a")):
             tree, env = (a.a, {}) if name == "a" else (a.b, env_b)
-            rep = one(tree, env, a.workload, a.rate, a.num_requests, 8200 + r)
+            rep = one(tree, env, a.workload, a.rate, a.num_requests, 8200 + r, a.quantization)
             print(f"round {r + 1} {name}: {pick(rep)}", flush=True)
 
 
