@@ -14,8 +14,14 @@ struct DecodeTask {
   int64_t b, h0, h1, t0, t1, part;
 };
 
+// A split context: sequence b's pieces hold partial rows [first, first + count).
+struct DecodeJoin {
+  int64_t b, first, count;
+};
+
 struct DecodePlan {
   std::vector<DecodeTask> tasks;  // grouped by sequence, then piece, then heads
+  std::vector<DecodeJoin> joins;  // one per split context
   int64_t parts = 0;              // partial rows (pieces of split contexts)
 };
 
@@ -43,6 +49,7 @@ inline DecodePlan plan_decode(const int64_t* seq_lens, int64_t B, int64_t Hkv, i
       pieces = std::max<int64_t>(1, std::min((len * Hkv + target - 1) / target, len / kMinPiece));
       if (pieces > 1) heads = Hkv;
     }
+    if (pieces > 1) plan.joins.push_back({b, plan.parts, pieces});
     for (int64_t c = 0; c < pieces; ++c) {
       const int64_t t0 = first + len * c / pieces, t1 = first + len * (c + 1) / pieces;
       const int64_t part = pieces > 1 ? plan.parts++ : -1;

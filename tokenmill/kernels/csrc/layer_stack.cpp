@@ -31,28 +31,21 @@ c10::optional<at::Tensor> bias_of(const at::Tensor& t) {
   return t.defined() && t.numel() > 0 ? c10::optional<at::Tensor>(t) : c10::nullopt;
 }
 
-// The weight kinds of models/linear.py's NativeLinear.
+// The weight kinds of models/linear.py's NativeLinear, by index: each kernel and the op name its calls
+// are recorded under.
+struct LinearKind {
+  const char* name;
+  at::Tensor (*fn)(const at::Tensor&, const at::Tensor&, int64_t, const c10::optional<at::Tensor>&);
+};
+const LinearKind kLinearKinds[] = {{"tokenmill::panel_linear", tokenmill_ops::panel_linear},
+                                   {"tokenmill::bf16_panel_linear", tokenmill_ops::bf16_panel_linear},
+                                   {"tokenmill::q4_linear", tokenmill_ops::q4_linear},
+                                   {"tokenmill::q8_linear", tokenmill_ops::q8_linear}};
+
 at::Tensor linear(int64_t kind, const at::Tensor& x, const at::Tensor& packed, int64_t N, const at::Tensor& bias) {
-  switch (kind) {
-    case 0: {
-      RECORD_FUNCTION("tokenmill::panel_linear", std::vector<c10::IValue>());
-      return tokenmill_ops::panel_linear(x, packed, N, bias_of(bias));
-    }
-    case 1: {
-      RECORD_FUNCTION("tokenmill::bf16_panel_linear", std::vector<c10::IValue>());
-      return tokenmill_ops::bf16_panel_linear(x, packed, N, bias_of(bias));
-    }
-    case 2: {
-      RECORD_FUNCTION("tokenmill::q4_linear", std::vector<c10::IValue>());
-      return tokenmill_ops::q4_linear(x, packed, N, bias_of(bias));
-    }
-    case 3: {
-      RECORD_FUNCTION("tokenmill::q8_linear", std::vector<c10::IValue>());
-      return tokenmill_ops::q8_linear(x, packed, N, bias_of(bias));
-    }
-    default:
-      TORCH_CHECK(false, "weight kind ", kind, ": 0 float32 panels, 1 bf16 panels, 2 q4 records, 3 q8 records");
-  }
+  TORCH_CHECK(0 <= kind && kind < 4, "weight kind ", kind, ": 0 float32 panels, 1 bf16 panels, 2 q4 records, 3 q8 records");
+  RECORD_FUNCTION(kLinearKinds[kind].name, std::vector<c10::IValue>());
+  return kLinearKinds[kind].fn(x, packed, N, bias_of(bias));
 }
 
 struct Shape {

@@ -25,11 +25,11 @@
 #include <cmath>
 #include <limits>
 #include <type_traits>
-#include <utility>
 #include <vector>
 
 namespace {
 
+using tokenmill_decode::DecodeJoin;
 using tokenmill_decode::DecodePlan;
 using tokenmill_decode::DecodeTask;
 
@@ -274,36 +274,26 @@ void attend_one(const float* q, const T* k, const T* v, const void* k_scale, con
 #undef TM_HEADS
 }
 
-// out[b] = the pieces' outputs of sequence b, each weighted by exp(its log-sum-exp - theirs): the
-// softmax over the whole context. Pieces of one sequence hold consecutive partial rows.
-void join_pieces(const DecodePlan& plan, const std::vector<float>& part_out, const std::vector<float>& part_lse,
-                 float* out, int64_t H, int64_t D) {
-  std::vector<std::pair<int64_t, int64_t>> seqs;  // (sequence, first partial row)
-  std::vector<int64_t> count;
-  for (const DecodeTask& t : plan.tasks) {
-    if (t.part < 0) continue;
-    if (seqs.empty() || seqs.back().first != t.b) {
-      seqs.emplace_back(t.b, t.part);
-      count.push_back(0);
-    }
-    count.back() = t.part - seqs.back().second + 1;
-  }
-  const int64_t jobs = static_cast<int64_t>(seqs.size()) * H;
+// out[b] = the pieces' outputs of a split sequence b, each weighted by exp(its log-sum-exp - theirs):
+// the softmax over the whole context.
+void join_pieces(const std::vector<DecodeJoin>& joins, const std::vector<float>& part_out,
+                 const std::vector<float>& part_lse, float* out, int64_t H, int64_t D) {
+  const int64_t jobs = static_cast<int64_t>(joins.size()) * H;
   at::parallel_for(0, jobs, 1, [&](int64_t first, int64_t last) {
     std::vector<float> w;
     for (int64_t job = first; job < last; ++job) {
-      const auto [b, p0] = seqs[job / H];
-      const int64_t h = job % H, n = count[job / H];
+      const DecodeJoin& j = joins[job / H];
+      const int64_t h = job % H;
       float mx = -std::numeric_limits<float>::infinity();
-      for (int64_t p = 0; p < n; ++p) mx = std::max(mx, part_lse[(p0 + p) * H + h]);
-      w.resize(n);
+      for (int64_t p = 0; p < j.count; ++p) mx = std::max(mx, part_lse[(j.first + p) * H + h]);
+      w.resize(j.count);
       float total = 0.f;
-      for (int64_t p = 0; p < n; ++p) total += w[p] = std::exp(part_lse[(p0 + p) * H + h] - mx);
-      float* o = out + (b * H + h) * D;
+      for (int64_t p = 0; p < j.count; ++p) total += w[p] = std::exp(part_lse[(j.first + p) * H + h] - mx);
+      float* o = out + (j.b * H + h) * D;
       std::fill(o, o + D, 0.f);
-      for (int64_t p = 0; p < n; ++p) {
+      for (int64_t p = 0; p < j.count; ++p) {
         const float wp = w[p] / total;
-        const float* x = part_out.data() + ((p0 + p) * H + h) * D;
+        const float* x = part_out.data() + ((j.first + p) * H + h) * D;
 #pragma omp simd
         for (int64_t d = 0; d < D; ++d) o[d] += wp * x[d];
       }
@@ -333,7 +323,7 @@ void decode_kernel(const float* q, const T* k, const T* v, const void* k_scale, 
                  H, Hkv, D, block_size, scale, t.h0, t.h1, avx512, scores, rows, slots);
     }
   });
-  if (plan.parts > 0) join_pieces(plan, part_out, part_lse, out, H, D);
+  if (!plan.joins.empty()) join_pieces(plan.joins, part_out, part_lse, out, H, D);
 }
 
 }  // namespace

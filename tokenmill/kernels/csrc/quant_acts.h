@@ -20,6 +20,20 @@ struct QActsStorage {
   QActs view;
 };
 
+// records: the packed [N, K] weight of `bits` (4 or 8) as pack_q4 / pack_q8 lay it out (quant_isa.h)
+inline void check_records(const at::Tensor& records, int64_t bits, int64_t N, int64_t K) {
+  TORCH_CHECK(bits == 4 || bits == 8, "bits: 4 or 8");
+  TORCH_CHECK(K % kBlockK == 0, "K must be a multiple of 32, got ", K);
+  const int64_t groups = (N + kGroupRows - 1) / kGroupRows, rec_size = bits == 4 ? kQ4Record : kQ8Record;
+  TORCH_CHECK(records.scalar_type() == at::kByte && records.is_contiguous() &&
+                  records.numel() == groups * (K / kBlockK) * rec_size,
+              "records do not hold [", N, ", ", K, "] (q", bits, ")");
+}
+
+// Activation rows per pass over a thread's weights: their int8 codes stay in L2 while the records
+// stream past.
+inline int64_t rows_per_pass(int64_t K) { return std::clamp<int64_t>((256 << 10) / K, 16, 1024); }
+
 // x [M, K] float32 -> int8 codes per row and 32-block (quant_isa.h)
 inline QActsStorage quantize_rows(const at::Tensor& x) {
   const int64_t M = x.size(0), K = x.size(1), nb = K / kBlockK;

@@ -19,20 +19,17 @@ namespace tokenmill_ops {
 at::Tensor q_argmax_linear(const at::Tensor& x, const at::Tensor& records, int64_t bits, int64_t N, int64_t n_valid) {
   using namespace tokenmill_quant;
   TORCH_CHECK(x.dim() == 2, "x: [M, K]");
-  TORCH_CHECK(bits == 4 || bits == 8, "bits: 4 or 8");
   TORCH_CHECK(n_valid > 0 && n_valid <= N, "n_valid must be in [1, N]");
-  const int64_t M = x.size(0), K = x.size(1), nb = K / kBlockK, groups = (N + kGroupRows - 1) / kGroupRows;
+  const int64_t M = x.size(0), K = x.size(1), nb = K / kBlockK;
+  check_records(records, bits, N, K);
   const int64_t rec_size = bits == 4 ? kQ4Record : kQ8Record;
-  TORCH_CHECK(K % kBlockK == 0, "K must be a multiple of 32, got ", K);
-  TORCH_CHECK(records.scalar_type() == at::kByte && records.is_contiguous() &&
-                  records.numel() == groups * nb * rec_size, "records do not hold [", N, ", ", K, "]");
   auto out = new_tensor({M}, x.options().dtype(at::kLong));
   if (M == 0) return out;
   const at::Tensor xc = x.to(at::kFloat).contiguous();
   const QActsStorage acts = quantize_rows(xc);
   const RowsFn rows_fn = pick(bits == 4);
   const uint8_t* rp = records.data_ptr<uint8_t>();
-  const int64_t chunk = std::clamp<int64_t>((256 << 10) / K, 16, 1024);  // as q_linear
+  const int64_t chunk = rows_per_pass(K);
   std::vector<float> best_v(M, -std::numeric_limits<float>::infinity());
   std::vector<int64_t> best_i(M, -1);
   std::mutex merge;

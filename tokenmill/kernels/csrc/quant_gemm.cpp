@@ -214,10 +214,12 @@ void q8_group_rows(const uint8_t* rec, const QActs& a, int64_t row0, int64_t M, 
 
 namespace {
 
+using tokenmill_quant::check_records;
 using tokenmill_quant::pick;
 using tokenmill_quant::QActsStorage;
 using tokenmill_quant::quantize_rows;
 using tokenmill_quant::RowsFn;
+using tokenmill_quant::rows_per_pass;
 
 
 at::Tensor q_linear(const at::Tensor& x, const at::Tensor& records, int64_t N, const c10::optional<at::Tensor>& bias,
@@ -225,9 +227,7 @@ at::Tensor q_linear(const at::Tensor& x, const at::Tensor& records, int64_t N, c
   TORCH_CHECK(x.dim() == 2, "x: [M, K]");
   const int64_t M = x.size(0), K = x.size(1), nb = K / kBlockK, groups = (N + kGroupRows - 1) / kGroupRows;
   const int64_t rec_size = q4 ? kQ4Record : kQ8Record;
-  TORCH_CHECK(K % kBlockK == 0, "K must be a multiple of 32, got ", K);
-  TORCH_CHECK(records.scalar_type() == at::kByte && records.is_contiguous() &&
-                  records.numel() == groups * nb * rec_size, "records do not hold [", N, ", ", K, "] (", q4 ? "q4" : "q8", ")");
+  check_records(records, q4 ? 4 : 8, N, K);
   auto y = tokenmill_ops::new_tensor({M, N}, x.options().dtype(at::kFloat));
   if (M == 0) return y;
   at::Tensor bc;
@@ -242,8 +242,7 @@ at::Tensor q_linear(const at::Tensor& x, const at::Tensor& records, int64_t N, c
   const RowsFn rows_fn = pick(q4);
   const uint8_t* rp = records.data_ptr<uint8_t>();
   float* yp = y.data_ptr<float>();
-  // rows per pass over a thread's weights: their int8 codes stay in L2 while the records stream past
-  const int64_t chunk = std::clamp<int64_t>((256 << 10) / K, 16, 1024);
+  const int64_t chunk = rows_per_pass(K);
   at::parallel_for(0, groups, 4, [&](int64_t begin, int64_t end) {
     for (int64_t c0 = 0; c0 < M; c0 += chunk) {
       const int64_t c1 = std::min(M, c0 + chunk);
@@ -288,14 +287,6 @@ void dequantize_rows(const uint8_t* rp, int64_t bits, int64_t N, int64_t K, cons
       }
     }
   });
-}
-
-void check_records(const at::Tensor& records, int64_t bits, int64_t N, int64_t K) {
-  TORCH_CHECK(bits == 4 || bits == 8, "bits: 4 or 8");
-  TORCH_CHECK(K % kBlockK == 0, "K must be a multiple of 32, got ", K);
-  const int64_t groups = (N + kGroupRows - 1) / kGroupRows, rec_size = bits == 4 ? kQ4Record : kQ8Record;
-  TORCH_CHECK(records.scalar_type() == at::kByte && records.is_contiguous() &&
-                  records.numel() == groups * (K / kBlockK) * rec_size, "records do not hold [", N, ", ", K, "]");
 }
 
 }  // namespace
