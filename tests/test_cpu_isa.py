@@ -409,7 +409,7 @@ def test_bf16_argmax_linear_matches_the_logits_argmax(level, m, n, k, n_valid, r
 @pytest.mark.parametrize("m,n,k", [(40, 192, 64), (27, 576, 48), (12, 64, 40), (11, 320, 32)])
 def test_bf16_gemms_share_odd_panel_pairs_by_rows(threads, m, n, k, restore_isa):
     """On the two-panel path a thread count that does not divide the panel pairs (576 columns: 9 pairs
-    on 2 threads) shares the pairs left over by row slices (12 rows or more; 11 keeps whole pairs):
+    on 2 threads) cuts the rows too (16 rows or more, csrc/gemm_split.h; 11 and 12 keep whole pairs):
     every row of every pair is computed once. Linear against float64 over bf16-rounded x (1e-5 of the
     largest), SwiGLU within one bf16 rounding, the argmax equal to the logits' argmax (tolerance 0)."""
     if "avx512_bf16" not in cpu_ops.runnable_levels():

@@ -76,8 +76,14 @@ def kill_engine_and_wait_restart(engine, timeout: float = 120.0) -> dict:
 
 
 def wait_until(check, timeout: float = 60.0) -> None:
+    """A replica still starting may accept a connection and not answer in time: not yet, not a failure."""
     deadline = time.monotonic() + timeout
-    while not check():
+    while True:
+        try:
+            if check():
+                return
+        except httpx.TransportError:
+            pass
         assert time.monotonic() < deadline, "condition not met in time"
         time.sleep(0.1)
 

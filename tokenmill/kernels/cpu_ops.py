@@ -135,7 +135,7 @@ def _registered() -> bool:
 _OPS = ("cpu_isa", "set_cpu_isa", "paged_decode", "fused_add_rms_norm", "rms_norm", "silu_and_mul", "rotary_",
         "pack_panels", "panel_linear", "pack_bf16_panels", "bf16_panel_linear", "bf16_swiglu", "bf16_argmax_linear",
         "store_kv", "prefill_attention",
-        "pack_q4", "pack_q8", "q4_linear", "q8_linear", "q_dequantize", "q_dequantize_rows")
+        "pack_q4", "pack_q8", "q4_linear", "q8_linear", "q_dequantize", "q_dequantize_rows", "gemm_split")
 
 
 def isa() -> str:

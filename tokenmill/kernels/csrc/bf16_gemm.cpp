@@ -16,6 +16,7 @@
 
 #include "cpu_isa.h"
 #include "gemm_isa.h"
+#include "gemm_split.h"
 #include "ops.h"
 
 #ifdef __AVX2__
@@ -151,28 +152,6 @@ inline at::Tensor path_rows(const at::Tensor& x, bool dot) {
   return dot ? bf16_rows(x) : x.to(at::kFloat).contiguous();
 }
 
-// Splits a GEMM's column units (panel pairs) and M rows over the threads, calling
-// body(u0, u1, r0, r1) for the units [u0, u1) over the rows [r0, r1) in one thread. Whole units go
-// out while they divide evenly; each unit left over is shared by row slices. With one unit per pass
-// the layers of the default model do not divide: o_proj and down_proj have 9 (576 columns), qkv 15,
-// so on 2 threads one idled for a ninth or a fifteenth of every such GEMM. Few rows (< 12) keep whole
-// units: there a slice would be a fraction of one micro-kernel block.
-template <typename Body>
-void for_balanced_units(int64_t units, int64_t M, const Body& body) {
-  const int64_t T = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), M >= 12 ? M : units));
-  at::parallel_for(0, T, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t t = begin; t < end; ++t) {
-      if (M < 12) {  // contiguous whole units, as parallel_for would hand them out
-        body(units * t / T, units * (t + 1) / T, 0, M);
-        continue;
-      }
-      const int64_t whole = units / T;
-      if (whole > 0) body(t * whole, (t + 1) * whole, 0, M);
-      if (T * whole < units) body(T * whole, units, M * t / T, M * (t + 1) / T);
-    }
-  });
-}
-
 void check_packed(const at::Tensor& packed, int64_t N, int64_t K) {
   TORCH_CHECK(packed.scalar_type() == at::kBFloat16 && packed.dim() == 4 && packed.size(2) == kBf16PanelCols &&
                   packed.size(3) == 2 && packed.is_contiguous(), "packed: [N/32, K/2, 32, 2] bfloat16");
@@ -257,10 +236,7 @@ at::Tensor bf16_panel_linear(const at::Tensor& x, const at::Tensor& packed, int6
       }
     }
   };
-  if (span == 2)
-    for_balanced_units((panels + 1) / 2, M, run);
-  else
-    at::parallel_for(0, panels, 2, [&](int64_t begin, int64_t end) { run(begin, end, 0, M); });
+  tokenmill_gemm::parallel_units_rows((panels + span - 1) / span, M, span == 2 ? 1 : 2, run);
   return y;
 }
 
@@ -290,7 +266,7 @@ at::Tensor bf16_swiglu(const at::Tensor& x, const at::Tensor& packed, int64_t in
   const auto* pp = reinterpret_cast<const uint16_t*>(packed.data_ptr<at::BFloat16>());
   const int64_t panel_size = packed.size(1) * kBf16PanelPairStride, pairs = inter / kBf16PanelCols;
   const int64_t kChunkRows = chunk_rows(K);
-  for_balanced_units(pairs, M, [&](int64_t begin, int64_t end, int64_t r0, int64_t r1) {
+  tokenmill_gemm::parallel_units_rows(pairs, M, 1, [&](int64_t begin, int64_t end, int64_t r0, int64_t r1) {
     for (int64_t c0 = r0; c0 < r1; c0 += kChunkRows) {
       const int64_t rows = std::min(kChunkRows, r1 - c0);
       for (int64_t pi = begin; pi < end; ++pi) {
@@ -328,7 +304,7 @@ at::Tensor bf16_argmax_linear(const at::Tensor& x, const at::Tensor& packed, int
   std::vector<float> best_v(M, -std::numeric_limits<float>::infinity());
   std::vector<int64_t> best_i(M, -1);
   std::mutex merge;
-  for_balanced_units((panels + 1) / 2, M, [&](int64_t begin, int64_t end, int64_t r0, int64_t r1) {
+  tokenmill_gemm::parallel_units_rows((panels + 1) / 2, M, 1, [&](int64_t begin, int64_t end, int64_t r0, int64_t r1) {
     std::vector<float> lv(M * 16, -std::numeric_limits<float>::infinity());
     std::vector<int32_t> li(M * 16, -1);
     for (int64_t c0 = r0; c0 < r1; c0 += kChunkRows) {

@@ -14,6 +14,7 @@
 #include "cpu_isa.h"
 #include "gemm_isa.h"
 #include "gemm_micro.h"
+#include "gemm_split.h"
 #include "ops.h"
 
 namespace {
@@ -62,16 +63,17 @@ at::Tensor panel_linear(const at::Tensor& x, const at::Tensor& packed, int64_t N
   const float* xp = xc.data_ptr<float>();
   const float* pp = packed.data_ptr<float>();
   float* yp = y.data_ptr<float>();
-  // Each thread owns a range of panels; rows go in chunks whose x slice stays in L2 while the
+  // Each task owns a range of panels (and of rows, for prompt-sized M: gemm_split.h); rows go in chunks whose x slice stays in L2 while the
   // thread's panels stream past it (the weight is read once per chunk, once in all at decode sizes).
   constexpr int64_t kChunkRows = 96;
   const bool avx512 = tokenmill_isa::active_level() >= tokenmill_isa::Level::kAvx512;
   // from 8 rows AVX-512 takes adjacent panels two at a time (one broadcast of x per two FMAs); fewer rows
   // stream the weights, and batch-invariant mode keeps the single-panel kernels' one order
   const int64_t span = avx512 && M >= 8 && !tokenmill_isa::batch_invariant() ? 2 : 1;
-  at::parallel_for(0, (panels + span - 1) / span, 4 / span, [&](int64_t begin, int64_t end) {
-    for (int64_t c0 = 0; c0 < M; c0 += kChunkRows) {
-      const int64_t rows_c = std::min(kChunkRows, M - c0);
+  tokenmill_gemm::parallel_units_rows((panels + span - 1) / span, M, 4 / span, [&](int64_t begin, int64_t end,
+                                                                                  int64_t r0, int64_t r1) {
+    for (int64_t c0 = r0; c0 < r1; c0 += kChunkRows) {
+      const int64_t rows_c = std::min(kChunkRows, r1 - c0);
       for (int64_t pi = begin * span; pi < std::min(end * span, panels); pi += span) {
         const int64_t n0 = pi * NR;
         const float* panel = pp + pi * K * NR;

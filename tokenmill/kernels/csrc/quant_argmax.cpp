@@ -11,6 +11,7 @@
 #include <mutex>
 #include <vector>
 
+#include "gemm_split.h"
 #include "ops.h"
 #include "quant_acts.h"
 
@@ -33,12 +34,13 @@ at::Tensor q_argmax_linear(const at::Tensor& x, const at::Tensor& records, int64
   std::vector<float> best_v(M, -std::numeric_limits<float>::infinity());
   std::vector<int64_t> best_i(M, -1);
   std::mutex merge;
-  at::parallel_for(0, (n_valid + kGroupRows - 1) / kGroupRows, 4, [&](int64_t begin, int64_t end) {
+  tokenmill_gemm::parallel_units_rows((n_valid + kGroupRows - 1) / kGroupRows, M, 4, [&](int64_t begin, int64_t end,
+                                                                                         int64_t rb, int64_t re) {
     std::vector<float> lv(M, -std::numeric_limits<float>::infinity());
     std::vector<int64_t> li(M, -1);
     float tile[4 * kGroupRows];
-    for (int64_t c0 = 0; c0 < M; c0 += chunk) {
-      const int64_t c1 = std::min(M, c0 + chunk);
+    for (int64_t c0 = rb; c0 < re; c0 += chunk) {
+      const int64_t c1 = std::min(re, c0 + chunk);
       for (int64_t g = begin; g < end; ++g) {  // columns in increasing order for every row
         const int64_t n0 = g * kGroupRows, ncols = std::min(kGroupRows, n_valid - n0);
         for (int64_t r0 = c0; r0 < c1; r0 += 4) {

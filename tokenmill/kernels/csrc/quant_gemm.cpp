@@ -18,6 +18,7 @@
 #include <cstring>
 
 #include "cpu_isa.h"
+#include "gemm_split.h"
 #include "ops.h"
 #include "quant_acts.h"
 #include "quant_isa.h"
@@ -243,9 +244,9 @@ at::Tensor q_linear(const at::Tensor& x, const at::Tensor& records, int64_t N, c
   const uint8_t* rp = records.data_ptr<uint8_t>();
   float* yp = y.data_ptr<float>();
   const int64_t chunk = rows_per_pass(K);
-  at::parallel_for(0, groups, 4, [&](int64_t begin, int64_t end) {
-    for (int64_t c0 = 0; c0 < M; c0 += chunk) {
-      const int64_t c1 = std::min(M, c0 + chunk);
+  tokenmill_gemm::parallel_units_rows(groups, M, 4, [&](int64_t begin, int64_t end, int64_t rb, int64_t re) {
+    for (int64_t c0 = rb; c0 < re; c0 += chunk) {
+      const int64_t c1 = std::min(re, c0 + chunk);
       for (int64_t g = begin; g < end; ++g) {
         const int64_t n0 = g * kGroupRows, ncols = std::min(kGroupRows, N - n0);
         for (int64_t r0 = c0; r0 < c1; r0 += 4)

@@ -2,14 +2,22 @@
 #include <torch/library.h>
 
 #include <string>
+#include <vector>
 
 #include "cpu_isa.h"
+#include "gemm_split.h"
 #include "ops.h"
 
 TORCH_LIBRARY(tokenmill, m) {
   m.def("cpu_isa() -> str", []() { return tokenmill_isa::describe_isa(); });
   m.def("set_cpu_isa(str cap) -> str", [](std::string cap) { return tokenmill_isa::set_isa(cap); });
   m.def("set_batch_invariant(bool on) -> bool", [](bool on) { return tokenmill_isa::set_batch_invariant(on); });
+  // the GEMMs' grid of tasks (gemm_split.h): [unit slices, row slices]
+  m.def("gemm_split(int units, int M, int threads, int min_units) -> int[]",
+        [](int64_t units, int64_t M, int64_t threads, int64_t min_units) {
+          const auto s = tokenmill_gemm::split_gemm(units, M, threads, min_units);
+          return std::vector<int64_t>{s.unit_slices, s.row_slices};
+        });
 
   m.def("pack_panels(Tensor weight) -> Tensor");
   m.def("panel_linear(Tensor x, Tensor packed, int N, Tensor? bias) -> Tensor");
