@@ -63,8 +63,9 @@ at::Tensor panel_linear(const at::Tensor& x, const at::Tensor& packed, int64_t N
   const float* xp = xc.data_ptr<float>();
   const float* pp = packed.data_ptr<float>();
   float* yp = y.data_ptr<float>();
-  // Each task owns a range of panels (and of rows, for prompt-sized M: gemm_split.h); rows go in chunks whose x slice stays in L2 while the
-  // thread's panels stream past it (the weight is read once per chunk, once in all at decode sizes).
+  // Each task owns a range of panels (and of rows, for prompt-sized M: gemm_split.h); rows go in chunks
+  // whose x slice stays in L2 while the task's panels stream past it (the weight is read once per chunk,
+  // once in all at decode sizes).
   constexpr int64_t kChunkRows = 96;
   const bool avx512 = tokenmill_isa::active_level() >= tokenmill_isa::Level::kAvx512;
   // from 8 rows AVX-512 takes adjacent panels two at a time (one broadcast of x per two FMAs); fewer rows

@@ -57,7 +57,7 @@ at::Tensor q_argmax_linear(const at::Tensor& x, const at::Tensor& records, int64
       }
     }
     std::lock_guard<std::mutex> lock(merge);
-    for (int64_t r = 0; r < M; ++r)
+    for (int64_t r = rb; r < re; ++r)  // the task's rows
       if (li[r] >= 0 && (best_i[r] < 0 || lv[r] > best_v[r] || (lv[r] == best_v[r] && li[r] < best_i[r]))) {
         best_v[r] = lv[r];
         best_i[r] = li[r];
