@@ -127,3 +127,39 @@ def test_cpu_backend_sends_every_prompt_row_to_the_prefill_kernel():
     finally:
         cpu_ops.set_batch_invariant(False)
     assert 5 <= DECODE_ROWS_MAX and not meta.prefills and len(meta.decodes.seq_lens) == 2 + 5
+
+
+@pytest.mark.skipif("cpu" not in BACKENDS, reason="the C++ kernels did not build here")
+@pytest.mark.parametrize("kv_dtype", ["auto", "int8"])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_cpu_backend_runs_draft_chunks_as_decode_rows(kv_dtype, threads):
+    """Speculative verification's rows (a chunk of at most DECODE_ROWS_MAX generated tokens) run as
+    decode rows reading the cache in place, each seeing the keys up to its own position, outside
+    batch-invariant mode too; a longer chunk of generated tokens and a short prompt chunk stay chunks.
+    Against the reference at 1e-5 (float32 cache) / 1e-4 (int8), long contexts included (split-K)."""
+    from tokenmill.attention.cpu_paged import DECODE_ROWS_MAX
+    rng, gen, d, heads, kv_heads = random.Random(5), torch.Generator().manual_seed(5), 32, 6, 2
+    q_lens, ctx_lens = [1, 5, DECODE_ROWS_MAX + 1, 5, DECODE_ROWS_MAX], [12, 700, 20, 40, 1500]
+    layout = make_batch(rng, 512, 16, q_lens, ctx_lens)
+    layout.prompt_lens = [6, 300, 10, 43, 1]  # seq 3's chunk is prompt (40..44 < 43 partly): a chunk
+    backend = get_attention_backend("cpu")
+    meta = backend.build_metadata(layout)
+    assert [(p.start, p.end) for p in meta.prefills] == [(6, 23), (23, 26), (26, 28)]  # 17 drafts; seq 3 split
+    assert meta.decodes.seq_lens.tolist() == [13] + list(range(701, 706)) + list(range(1501, 1501 + DECODE_ROWS_MAX))
+    t = sum(q_lens)
+    q = torch.randn(t, heads, d, generator=gen)
+    k, v = torch.randn(t, kv_heads, d, generator=gen), torch.randn(t, kv_heads, d, generator=gen)
+    spec = make_kv_cache_spec(kv_dtype, torch.float32, 16, kv_heads, d, 512)
+    outs = {}
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for name in ("reference", "cpu"):
+            cache = spec.allocate()
+            fill_context(cache, layout, ctx_lens, kv_heads, d, torch.Generator().manual_seed(9))
+            impl = get_attention_backend(name)
+            outs[name] = impl.forward(q, k, v, cache, impl.build_metadata(layout), d ** -0.5)
+    finally:
+        torch.set_num_threads(old)
+    tol = 1e-5 if kv_dtype == "auto" else 1e-4
+    torch.testing.assert_close(outs["cpu"], outs["reference"], atol=tol, rtol=tol)

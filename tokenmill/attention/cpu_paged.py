@@ -25,9 +25,11 @@ from tokenmill.kernels import cpu_ops
 # Query pieces for chunks longer than this (the best sizes measured; docs/BENCHMARKS_HISTORY.md)
 PIECE = 128
 SPLIT_ABOVE = 256
-# In batch-invariant mode a chunk of at most this many tokens runs as that many decode rows (each
-# sees the keys up to its own position), so speculative verification's k+1 rows are computed as
-# plain decode steps would compute them
+# A chunk of at most this many generated tokens (speculative verification's k+1 rows) runs as that
+# many decode rows, each seeing the keys up to its own position: paged_decode reads the blocks in
+# place, where the chunk path gathers the whole context each layer (1.5x at 1,000 tokens of context,
+# 10x at 7,900; docs/BENCHMARKS.md, session 37). In batch-invariant mode prompt chunks this short do
+# too, so every row is computed as a plain decode step would compute it
 DECODE_ROWS_MAX = 16
 
 
@@ -101,7 +103,8 @@ class CpuPagedBackend(AttentionBackend):
         qsl = layout.query_start_loc
         q_lens = [qsl[b + 1] - qsl[b] for b in range(len(layout.seq_lens))]
         invariant = cpu_ops.batch_invariant()
-        rows_max = DECODE_ROWS_MAX if invariant else 1
+        # without prompt lengths a short chunk may be a prompt's: only lone rows are decodes then
+        rows_max = DECODE_ROWS_MAX if invariant or layout.prompt_lens is not None else 1
         # Outside batch-invariant mode every prompt row takes the prefill kernel, a lone one too
         # (a prompt's last token after a prefix hit, or a chunk of one): prompt rows then get the
         # same math (bf16 over a bf16 cache) whatever the caching and chunking
